@@ -1,0 +1,59 @@
+"""Exceptions for user-facing errors.
+
+Every error a user can cause is a :class:`CriticAuditError`. Its message is one line that names the
+file, the record and the fix. The CLI prints it in red and exits 1 without a traceback; set
+``CRITIC_AUDIT_DEBUG=1`` to see the traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class CriticAuditError(Exception):
+    """Base class of every error the CLI reports as one clean line."""
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        path: str | Path | None = None,
+        record: str | int | None = None,
+        fix: str | None = None,
+    ) -> None:
+        self.problem = problem
+        self.path = None if path is None else str(path)
+        self.record = record
+        self.fix = fix
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = ""
+        if self.path is not None:
+            where = self.path
+        if self.record is not None:
+            where = f"{where}: record {self.record}" if where else f"record {self.record}"
+        msg = f"{where}: {self.problem}" if where else self.problem
+        if self.fix:
+            msg = f"{msg} (fix: {self.fix})"
+        return msg
+
+
+class InputError(CriticAuditError):
+    """Rollout input that cannot be read: missing file, unknown format, malformed record."""
+
+
+class SchemaError(CriticAuditError):
+    """A table that does not match its canonical schema (missing column, wrong dtype, bad key)."""
+
+
+class TemplateError(CriticAuditError):
+    """A tokenizer or chat template that cannot render the conversations as needed."""
+
+
+class CheckpointError(CriticAuditError):
+    """A critic checkpoint folder that cannot be loaded as a value model."""
+
+
+class ConfigError(CriticAuditError):
+    """An option or config value outside its allowed range."""
