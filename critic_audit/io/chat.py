@@ -238,7 +238,7 @@ def _content(value: Any, m_index: int, ctx: _Ctx) -> str | None:
                 "not a content-part object",
                 fix='write content as a string or a list of {"type": "text", "text": "..."} parts',
             )
-        return "\n".join(texts) if texts else None
+        return "".join(texts) if texts else None
     raise ctx.error(
         f"message {m_index}: content is {_type_name(value)} {_short(value)}, not a string, null or a list of parts",
         fix='write content as a string, null, or a list of {"type": "text", "text": "..."} parts',
@@ -385,12 +385,20 @@ def _conversation(
     raw: Any, ctx: _Ctx, opts: ChatReadOptions, source: str
 ) -> Conversation:
     """Turn one raw record into a Conversation (ctx.tid is set as soon as the id is known)."""
+    record: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    # the id first, so that every later error can name it
+    id_key = _pick(record, opts.id_key, ID_KEYS)
+    tid = None
+    if id_key is not None:
+        tid = _label_value(record[id_key], "id", id_key, ctx)
+    ctx.tid = tid  # named in errors (a key or a generated id adds nothing to the record label)
+    if tid is None:
+        tid = ctx.key if ctx.key is not None else f"{ctx.path.stem}:{ctx.index}"
+
     if isinstance(raw, list):
-        record: Mapping[str, Any] = {}
         raw_messages: Any = raw
         m_key = None
     elif isinstance(raw, Mapping):
-        record = raw
         m_key = _pick(record, opts.messages_key, MESSAGES_KEYS)
         if m_key is None:
             wanted = repr(opts.messages_key) if opts.messages_key else f"any of {list(MESSAGES_KEYS)}"
@@ -405,17 +413,7 @@ def _conversation(
             fix='write each record as {"messages": [...], "reward": ...} or a list of messages',
         )
 
-    # id first, so that later errors can name it
-    used: set[str] = set() if m_key is None else {m_key}
-    id_key = _pick(record, opts.id_key, ID_KEYS)
-    tid = None
-    if id_key is not None:
-        used.add(id_key)
-        tid = _label_value(record[id_key], "id", id_key, ctx)
-    if tid is None:
-        tid = ctx.key if ctx.key is not None else f"{ctx.path.stem}:{ctx.index}"
-    ctx.tid = tid
-
+    used = {k for k in (m_key, id_key) if k is not None}
     if not isinstance(raw_messages, list):
         raise ctx.error(
             f"messages field {m_key!r} is {_type_name(raw_messages)} {_short(raw_messages, 40)}, "
@@ -495,6 +493,11 @@ def _read_text(path: Path) -> str:
                          fix="write the file as UTF-8 JSON or JSONL") from None
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _decode_problem(e: json.JSONDecodeError, line: int | None = None) -> str:
     return f"malformed JSON at line {line if line is not None else e.lineno}, column {e.colno}: {e.msg}"
 
@@ -555,21 +558,21 @@ def _records_of_jsonl(text: str, path: Path) -> Iterator[tuple[Any, _Ctx]]:
                 _decode_problem(e, line_no), path=path, record=f"{index} (line {line_no})",
                 fix="make every line one complete JSON record (JSONL), or repair the JSON",
             ) from None
-        except RecursionError:
-            raise InputError(f"JSON nested too deeply at line {line_no}", path=path,
-                             record=f"{index} (line {line_no})", fix="flatten the record") from None
+        except (ValueError, RecursionError) as e:  # nesting too deep, an integer too long, ...
+            raise InputError(f"unreadable JSON at line {line_no} ({_first_line(e)})", path=path,
+                             record=f"{index} (line {line_no})", fix="simplify the record") from None
         yield rec, _Ctx(path, index, line=line_no)
         index += 1
 
 
 def _records_of_file(path: Path, opts: ChatReadOptions) -> Iterator[tuple[Any, _Ctx]]:
     text = _read_text(path)
+    if path.suffix.lower() in JSONL_SUFFIXES:  # an empty JSONL file holds no records
+        yield from _records_of_jsonl(text, path)
+        return
     if not text.strip():
         raise InputError("the file is empty", path=path,
                          fix="write a JSON array of records, an object keyed by id, or JSONL")
-    if path.suffix.lower() in JSONL_SUFFIXES:
-        yield from _records_of_jsonl(text, path)
-        return
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -578,8 +581,8 @@ def _records_of_file(path: Path, opts: ChatReadOptions) -> Iterator[tuple[Any, _
             return
         raise InputError(_decode_problem(e), path=path,
                          fix="repair the JSON (for one record per line, name the file .jsonl)") from None
-    except RecursionError:
-        raise InputError("JSON nested too deeply", path=path, fix="flatten the records") from None
+    except (ValueError, RecursionError) as e:  # nesting too deep, an integer too long, ...
+        raise InputError(f"unreadable JSON ({_first_line(e)})", path=path, fix="simplify the records") from None
     yield from _records_of_json(doc, path, opts)
 
 
