@@ -1,0 +1,321 @@
+"""Load a critic (value model) checkpoint: a Hugging Face token-classification folder with one label.
+
+Accepted layout (what verl, TRL and :func:`critic_audit.critic.fit.save_critic` write)::
+
+    config.json                     num_labels=1; architectures may still name a causal LM (verl)
+    model.safetensors               or sharded: model.safetensors.index.json + model-0000x-of-0000y.safetensors
+                                    backbone weights + score.weight [1, hidden] (+ optional score.bias [1])
+    tokenizer files                 tokenizer.json / tokenizer_config.json (chat template) ...
+
+The backbone runs in ``dtype``; the value head is kept in float32 and applied to the backbone's last
+hidden state cast to float32, so a bf16 backbone does not quantize the values themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from critic_audit.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+HEAD_PREFIX = "score"
+FIT_FIX = "fit one with `critic-audit fit-critic`, or point to a token-classification checkpoint"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+@dataclass
+class Critic:
+    """A loaded value model.
+
+    Attributes:
+        backbone: the base model (e.g. ``model.model`` of ``LlamaForTokenClassification``); its forward
+            returns ``last_hidden_state``. In eval mode, in ``dtype``, on ``device``.
+        head: the value head ``Linear(hidden, 1)``, float32, on ``device``.
+        tokenizer: the checkpoint's tokenizer (with its chat template when it has one).
+        device: where backbone and head live.
+        dtype: the backbone compute dtype.
+        max_length: the critic's context (``config.max_position_embeddings``).
+        path: the checkpoint folder.
+    """
+
+    backbone: torch.nn.Module
+    head: torch.nn.Linear
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    max_length: int
+    path: Path
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load reports and progress bars (they go to stderr; stdout stays clean)."""
+    from transformers.utils import logging as hf_logging
+
+    old_level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(old_level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` -> cuda when available, else cpu; anything else is passed to :class:`torch.device`."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"invalid device {device!r}", fix="use auto, cpu, cuda or cuda:N") from exc
+
+
+def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None = None) -> torch.dtype:
+    """``"auto"`` -> float32 on CPU, bfloat16 on CUDA; else float32/fp32, bfloat16/bf16, float16/fp16."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in _DTYPES.values():
+            return dtype
+        raise ConfigError(f"unsupported dtype {dtype}", fix="use float32, bfloat16 or float16")
+    key = str(dtype).lower().removeprefix("torch.")
+    if key == "auto":
+        dev = device if device is not None else resolve_device("auto")
+        return torch.bfloat16 if dev.type == "cuda" else torch.float32
+    if key not in _DTYPES:
+        raise ConfigError(
+            f"invalid dtype {dtype!r}", fix="use auto, float32 (fp32), bfloat16 (bf16) or float16 (fp16)"
+        )
+    return _DTYPES[key]
+
+
+def read_config(path: Path, *, trust_remote_code: bool = False) -> dict:
+    """Read ``path/config.json`` as a dict, checking the folder, the file and custom code."""
+    path = Path(path)
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise CheckpointError(f"critic checkpoint folder {what}", path=path, fix="pass the checkpoint folder")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(
+            "no config.json: not a Hugging Face checkpoint folder",
+            path=path,
+            fix="point to a folder written by save_pretrained (it holds config.json and *.safetensors)",
+        )
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"config.json is not valid JSON ({exc})", path=path) from exc
+    if not isinstance(cfg, dict):
+        raise CheckpointError("config.json is not a JSON object", path=path)
+    if cfg.get("auto_map") and not trust_remote_code:
+        raise CheckpointError(
+            "config.json has auto_map: loading it runs Python code shipped with the checkpoint",
+            path=path,
+            fix="pass --trust-remote-code if you trust this code",
+        )
+    return cfg
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors weight files of a checkpoint folder (sharded or not).
+
+    Raises CheckpointError when there are none (pickle-only checkpoints are refused).
+    """
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise CheckpointError(f"unreadable model.safetensors.index.json ({exc})", path=path) from exc
+        files = [path / n for n in names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"shards listed in the index are missing: {', '.join(missing)}", path=path)
+        return files
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    others = sorted(path.glob("*.safetensors"))
+    if others:
+        return others
+    pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+    if pickles:
+        raise CheckpointError(
+            f"only pickle weights ({', '.join(pickles[:3])}); critic-audit loads safetensors only",
+            path=path,
+            fix="convert them: load the model with transformers and save_pretrained(..., safe_serialization=True)",
+        )
+    raise CheckpointError("no weights (*.safetensors) in the folder", path=path, fix=FIT_FIX)
+
+
+def weight_keys(files: list[Path]) -> set[str]:
+    """Tensor names in safetensors files (reads headers only)."""
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                keys.update(sf.keys())
+        except Exception as exc:  # safetensors raises its own SafetensorError
+            raise CheckpointError(f"unreadable safetensors file {f.name} ({exc})", path=f.parent) from exc
+    return keys
+
+
+def read_tensor(files: list[Path], key: str) -> torch.Tensor:
+    """One tensor by name from a set of safetensors files."""
+    from safetensors import safe_open
+
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            if key in sf.keys():
+                return sf.get_tensor(key)
+    raise KeyError(key)
+
+
+def _describe_missing_head(keys: set[str]) -> str:
+    other_heads = [k for k in ("lm_head.weight", "v_head.summary.weight", "value_head.weight") if k in keys]
+    if other_heads:
+        return f"weights have {', '.join(other_heads)} but no {HEAD_PREFIX}.weight (no value head)"
+    return f"weights have no {HEAD_PREFIX}.weight (no value head; {len(keys)} tensors)"
+
+
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False):
+    """Load the tokenizer of a checkpoint or backbone folder (fast tokenizer, chat template kept)."""
+    path = Path(path)
+    read_config(path, trust_remote_code=trust_remote_code)
+    from transformers import AutoTokenizer
+
+    try:
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"cannot load the tokenizer ({str(exc).splitlines()[0]})",
+            path=path,
+            fix="save the tokenizer into the folder (tokenizer.save_pretrained)",
+        ) from exc
+
+
+def load_critic(
+    path: str | Path,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    trust_remote_code: bool = False,
+) -> Critic:
+    """Load a token-classification critic folder as a :class:`Critic`.
+
+    Also accepts a folder whose config.json names a causal-LM architecture (verl's critic exports) as
+    long as its weights hold ``score.weight``: the model is then built as
+    ``AutoModelForTokenClassification`` with ``num_labels=1`` from that config.
+
+    Args:
+        path: the checkpoint folder.
+        device: ``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        dtype: backbone compute dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), ``"float32"``/
+            ``"fp32"``, ``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"``. The head is always float32.
+        trust_remote_code: allow configs with ``auto_map`` (custom modelling code shipped with the
+            checkpoint); refused otherwise.
+
+    Raises:
+        CheckpointError: missing folder or config.json, custom code without trust_remote_code,
+            pickle-only weights, no value head, or a head of the wrong shape.
+        ConfigError: an invalid device or dtype.
+    """
+    path = Path(path)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    cfg_dict = read_config(path, trust_remote_code=trust_remote_code)
+    files = weight_files(path)
+    keys = weight_keys(files)
+    head_key = f"{HEAD_PREFIX}.weight"
+    if head_key not in keys:
+        raise CheckpointError(_describe_missing_head(keys), path=path, fix=FIT_FIX)
+    head_w = read_tensor(files, head_key).to(torch.float32)
+    head_b = read_tensor(files, f"{HEAD_PREFIX}.bias").to(torch.float32) if f"{HEAD_PREFIX}.bias" in keys else None
+    if head_w.ndim != 2 or head_w.shape[0] != 1:
+        raise CheckpointError(
+            f"score.weight has shape {list(head_w.shape)}, expected [1, hidden] (a one-label value head)",
+            path=path,
+            fix=FIT_FIX,
+        )
+    if head_b is not None and head_b.numel() != 1:
+        raise CheckpointError(f"score.bias has shape {list(head_b.shape)}, expected [1]", path=path, fix=FIT_FIX)
+
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    try:
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            config.num_labels = 1
+            archs = list(cfg_dict.get("architectures") or [])
+            if archs and not any(a.endswith("ForTokenClassification") for a in archs):
+                log.info("%s: config names %s; building a token-classification model", path, archs[0])
+            model = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            )
+    except ValueError as exc:  # e.g. an architecture without a token-classification class
+        raise CheckpointError(
+            f"cannot build a token-classification model ({str(exc).splitlines()[0]})", path=path, fix=FIT_FIX
+        ) from exc
+    backbone = getattr(model, model.base_model_prefix, None)
+    if backbone is None:
+        raise CheckpointError(f"{type(model).__name__} has no base model attribute", path=path)
+    hidden = head_w.shape[1]
+    cfg_hidden = getattr(config.get_text_config(), "hidden_size", hidden)
+    if cfg_hidden != hidden:
+        raise CheckpointError(
+            f"score.weight has {hidden} inputs but the backbone's hidden size is {cfg_hidden}", path=path, fix=FIT_FIX
+        )
+    head = torch.nn.Linear(hidden, 1, bias=True, dtype=torch.float32)
+    with torch.no_grad():
+        head.weight.copy_(head_w)
+        if head_b is not None:
+            head.bias.copy_(head_b.reshape(1))
+        else:
+            head.bias.zero_()
+    head.requires_grad_(False)
+    # Keep only the backbone: drop the token-classification wrapper (its score is in backbone dtype).
+    backbone.eval().requires_grad_(False)
+    backbone.to(dev)
+    head.eval().to(dev)
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    max_length = int(
+        getattr(config, "max_position_embeddings", None)
+        or getattr(config.get_text_config(), "max_position_embeddings", None)
+        or getattr(tokenizer, "model_max_length", 0)
+        or 0
+    )
+    if max_length <= 0:
+        raise CheckpointError("config has no max_position_embeddings", path=path)
+    return Critic(
+        backbone=backbone,
+        head=head,
+        tokenizer=tokenizer,
+        device=dev,
+        dtype=torch_dtype,
+        max_length=max_length,
+        path=path,
+    )
