@@ -172,9 +172,9 @@ class _Ctx:
         if self.line is not None:
             extra.append(f"line {self.line}")
         if self.key is not None:
-            extra.append(f"key {self.key!r}")
+            extra.append(f"key {_short(self.key, 40)}")
         if with_id and self.tid is not None and self.tid != self.key:
-            extra.append(f"id {self.tid!r}")
+            extra.append(f"id {_short(self.tid, 40)}")
         return f"{self.index} ({', '.join(extra)})" if extra else str(self.index)
 
     def error(self, problem: str, fix: str) -> InputError:
