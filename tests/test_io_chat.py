@@ -524,3 +524,8 @@ def test_unreadable_json_is_an_input_error(tmp_path):
     p = tmp_path / "latin1.json"
     p.write_bytes(b'[{"messages": [], "reward": 1, "x": "\xe9"}]')
     _error(p, "not UTF-8")
+
+
+def test_sharegpt_messages_get_a_conversion_hint(tmp_path):
+    p = _write(tmp_path / "sg.json", [{"conversations": [{"from": "human", "value": "hi"}], "reward": 1}])
+    _error(p, "record 0", "message 0 has no role", "ShareGPT")

@@ -316,10 +316,10 @@ def _message(m: Any, m_index: int, ctx: _Ctx) -> dict[str, Any]:
     role = m.get("role")
     if not isinstance(role, str) or role.strip().lower() not in (*ROLES, *ROLE_ALIASES):
         got = "no role" if "role" not in m else f"unknown role {_short(role)}"
-        raise ctx.error(
-            f"message {m_index} has {got}",
-            fix=f"use one of the roles {list(ROLES)} (developer and function are read as system and tool)",
-        )
+        fix = f"use one of the roles {list(ROLES)} (developer and function are read as system and tool)"
+        if "role" not in m and "from" in m:
+            fix = "convert ShareGPT-style {from, value} messages to OpenAI {role, content} messages"
+        raise ctx.error(f"message {m_index} has {got}", fix=fix)
     role = role.strip().lower()
     role = ROLE_ALIASES.get(role, role)
     out: dict[str, Any] = {"role": role, "content": _content(m.get("content"), m_index, ctx)}
