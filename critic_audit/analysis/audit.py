@@ -1,0 +1,229 @@
+"""The critic-structure audit over canonical tables: per-trajectory statistics, headline, breakdowns.
+
+Definitions: ``shared/spec/AUDIT.md`` (eta-squared and the other one-way ANOVA statistics per
+trajectory, exclusions, critic quality); the measurement it reproduces is the MPO paper's
+(arXiv:2610.35013: median eta2 0.895, 93.8% of trajectories with SS_B > SS_W).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from critic_audit.analysis.decompose import bootstrap_ci, decompose, explained_variance
+from critic_audit.errors import ConfigError, SchemaError
+
+SCOPES = ("assistant", "all")
+
+#: The MPO paper's figures, reported beside ours for orientation (arXiv:2610.35013).
+PAPER_REFERENCE = {"median_eta2": 0.895, "frac_ss_between_gt_within": 0.938}
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditConfig:
+    """Options of the decomposition.
+
+    Attributes:
+        scope: ``"assistant"`` (default) uses the values of policy tokens only, one group per
+            assistant turn; ``"all"`` adds every other token with a value, each maximal run of
+            non-policy tokens (user, tool, template) being its own group.
+        n_boot: bootstrap resamples for the 95% intervals.
+        seed: seed of the bootstrap (same seed, same intervals).
+        turn_buckets: upper edges (inclusive) of the number-of-turns buckets of the breakdown.
+    """
+
+    scope: str = "assistant"
+    n_boot: int = 2000
+    seed: int = 0
+    turn_buckets: tuple[int, ...] = (2, 3, 5, 10, 20)
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ConfigError(f"unknown scope {self.scope!r}", fix="use --scope assistant or --scope all")
+        if self.n_boot < 1:
+            raise ConfigError(f"n_boot must be positive, got {self.n_boot}", fix="use e.g. --bootstrap 2000")
+
+
+@dataclasses.dataclass
+class AuditResult:
+    """Output of :func:`audit`.
+
+    Attributes:
+        per_trajectory: one row per trajectory: the trajectories table's columns plus the statistics of
+            :func:`critic_audit.analysis.decompose.decompose`.
+        summary: the headline, exclusions, critic quality and breakdowns (JSON-serialisable).
+    """
+
+    per_trajectory: pl.DataFrame
+    summary: dict[str, Any]
+
+
+def _select(tokens: pl.DataFrame, scope: str) -> pl.DataFrame:
+    """Tokens that enter the decomposition, with a per-trajectory segment index ``seg``."""
+    t = tokens.sort(["trajectory_id", "position"], maintain_order=True)
+    if scope == "assistant":
+        return t.filter(pl.col("response_mask")).with_columns(seg=pl.col("turn").cast(pl.Int64))
+    # scope all: each maximal run of response_mask within a trajectory is one segment
+    t = t.filter(pl.col("value").is_not_null() | pl.col("response_mask"))
+    change = (pl.col("response_mask") != pl.col("response_mask").shift(1)).fill_null(True)
+    return t.with_columns(seg=change.cum_sum().over("trajectory_id").cast(pl.Int64))
+
+
+def _bucket_label(k: int, edges: tuple[int, ...]) -> str:
+    lo = 1
+    for e in edges:
+        if k <= e:
+            return f"{lo}-{e}" if lo != e else f"{e}"
+        lo = e + 1
+    return f">{edges[-1]}"
+
+
+def _group_stats(df: pl.DataFrame, config: AuditConfig) -> dict[str, Any]:
+    inc = df.filter(pl.col("excluded").is_null())
+    eta = inc["eta2"].to_numpy()
+    out: dict[str, Any] = {"n": df.height, "n_included": inc.height}
+    est, lo, hi = bootstrap_ci(eta, "median", n_boot=config.n_boot, seed=config.seed)
+    out["eta2_median"] = {"estimate": _num(est), "ci95": [_num(lo), _num(hi)]}
+    a = inc["reading_a"].cast(pl.Float64).to_numpy()
+    est, lo, hi = bootstrap_ci(a, "mean", n_boot=config.n_boot, seed=config.seed)
+    out["frac_ss_between_gt_within"] = {"estimate": _num(est), "ci95": [_num(lo), _num(hi)]}
+    return out
+
+
+def _num(x: Any) -> Any:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def breakdown(per_trajectory: pl.DataFrame, by: str, config: AuditConfig = AuditConfig()) -> dict[str, Any]:
+    """Headline statistics per value of a trajectory column (``success``, ``source``, ...).
+
+    Returns a dict ``{str(value): {"n", "n_included", "eta2_median", "frac_ss_between_gt_within"}}``;
+    null values are labelled ``"unknown"``.
+    """
+    if by not in per_trajectory.columns:
+        raise ConfigError(f"no trajectory column {by!r} to break down by",
+                          fix=f"use one of {', '.join(per_trajectory.columns)}")
+    out = {}
+    keys = per_trajectory[by].unique(maintain_order=True).sort(nulls_last=True).to_list()
+    for key in keys:
+        part = per_trajectory.filter(pl.col(by).is_null() if key is None else pl.col(by) == key)
+        out["unknown" if key is None else str(key)] = _group_stats(part, config)
+    return out
+
+
+def audit(
+    trajectories: pl.DataFrame,
+    tokens: pl.DataFrame,
+    config: AuditConfig = AuditConfig(),
+    *,
+    pre_excluded: dict[str, str] | None = None,
+) -> AuditResult:
+    """Decompose critic values into between-turn and within-turn variance, per trajectory and overall.
+
+    Args:
+        trajectories: the trajectories table (:data:`critic_audit.schema.TRAJECTORY_SCHEMA`), B rows.
+        tokens: the tokens table (:data:`critic_audit.schema.TOKEN_SCHEMA`) with ``value`` filled for
+            the policy tokens (``response_mask`` True; ``turn`` = assistant-turn index k).
+        config: :class:`AuditConfig`.
+        pre_excluded: trajectory id -> reason for trajectories excluded before scoring (no assistant
+            turn, over-long); they count in the exclusions but have no token rows.
+
+    Returns:
+        :class:`AuditResult`.
+
+    Raises:
+        SchemaError: policy tokens without a value (the critic was not run), or token rows whose
+            trajectory is not in the trajectories table.
+    """
+    sel = _select(tokens, config.scope)
+    missing = sel.filter(pl.col("response_mask") & pl.col("value").is_null()).height
+    if missing:
+        raise SchemaError(f"{missing} policy token(s) have no critic value",
+                          fix="pass --critic to score them, or fill the value column")
+    ids = trajectories["trajectory_id"]
+    index = pl.DataFrame({"trajectory_id": ids, "_b": np.arange(len(ids), dtype=np.int64)})
+    sel = sel.join(index, on="trajectory_id", how="left", maintain_order="left")
+    unknown = sel.filter(pl.col("_b").is_null()).height
+    if unknown:
+        raise SchemaError(f"{unknown} token row(s) belong to trajectories missing from the trajectories table",
+                          fix="write both tables from the same rollouts")
+    stats = decompose(
+        sel["_b"].to_numpy(), sel["seg"].to_numpy(), sel["value"].cast(pl.Float64).to_numpy(),
+        num_trajectories=len(ids),
+    )
+    per = pl.concat([trajectories, stats], how="horizontal")
+    pre = pre_excluded or {}
+    if pre:
+        pre_df = pl.DataFrame({"trajectory_id": list(pre), "_pre": list(pre.values())},
+                              schema={"trajectory_id": pl.String, "_pre": pl.String})
+        per = per.join(pre_df, on="trajectory_id", how="left", maintain_order="left").with_columns(
+            excluded=pl.coalesce("_pre", "excluded")).drop("_pre")
+    per = per.with_columns(
+        turn_bucket=pl.col("num_turns").map_elements(lambda k: _bucket_label(int(k), config.turn_buckets),
+                                                      return_dtype=pl.String)
+    )
+
+    inc = per.filter(pl.col("excluded").is_null())
+    summary: dict[str, Any] = {
+        "scope": config.scope,
+        "n_trajectories": per.height,
+        "n_included": inc.height,
+        "excluded": dict(Counter(x for x in per["excluded"].to_list() if x is not None)),
+        "n_turns_included": int(inc["n_turns"].sum()) if inc.height else 0,
+        "n_tokens_included": int(inc["n_tokens"].sum()) if inc.height else 0,
+    }
+    summary.update({k: v for k, v in _group_stats(per, config).items() if k not in ("n", "n_included")})
+    for reading, label in (("reading_b", "frac_var_turn_means_gt_mean_within_var"), ("reading_c", "frac_f_gt_1")):
+        est, lo, hi = bootstrap_ci(inc[reading].cast(pl.Float64).to_numpy(), "mean",
+                                   n_boot=config.n_boot, seed=config.seed)
+        summary[label] = {"estimate": _num(est), "ci95": [_num(lo), _num(hi)]}
+    for col in ("omega2", "icc1", "f_stat"):
+        summary[f"{col}_median"] = _num(np.nanmedian(inc[col].fill_nan(None).drop_nulls().to_numpy())
+                                         if inc[col].fill_nan(None).drop_nulls().len() else float("nan"))
+    b_abs, w_abs = inc["boundary_abs"].sum(), inc["within_abs"].sum()
+    n_b, n_w = inc["n_boundary_steps"].sum(), inc["n_within_steps"].sum()
+    summary["boundary"] = {
+        "share_of_abs_variation": _num(b_abs / (b_abs + w_abs)) if (b_abs + w_abs) else None,
+        "mean_boundary_over_mean_within_step": _num((b_abs / n_b) / (w_abs / n_w)) if n_b and n_w and w_abs else None,
+        "n_boundary_steps": int(n_b),
+        "n_within_steps": int(n_w),
+    }
+    summary["critic_quality"] = critic_quality(per, sel)
+    summary["by_success"] = breakdown(per, "success", config)
+    summary["by_source"] = breakdown(per, "source", config)
+    summary["by_checkpoint"] = breakdown(per, "checkpoint", config)
+    summary["by_turn_bucket"] = breakdown(per, "turn_bucket", config)
+    summary["paper_reference"] = PAPER_REFERENCE
+    return AuditResult(per, summary)
+
+
+def critic_quality(per_trajectory: pl.DataFrame, selected_tokens: pl.DataFrame) -> dict[str, Any]:
+    """How well the critic predicts outcomes on the same rollouts (AUDIT.md, "Critic quality").
+
+    ``explained_variance`` pools every policy token of the included trajectories (target = the
+    trajectory's reward: the Monte-Carlo return with gamma = 1 and an outcome reward);
+    ``corr_mean_value_reward`` is the Pearson correlation of each trajectory's mean value with its reward.
+    Both are None when the rollouts carry no rewards.
+    """
+    inc = per_trajectory.filter(pl.col("excluded").is_null() & pl.col("reward").is_not_null())
+    if inc.height < 2:
+        return {"explained_variance": None, "corr_mean_value_reward": None, "n_trajectories": inc.height}
+    tok = selected_tokens.filter(pl.col("response_mask")).join(
+        inc.select("trajectory_id", "reward"), on="trajectory_id", how="inner")
+    ev = explained_variance(tok["value"].to_numpy(), tok["reward"].to_numpy())
+    mv, rw = inc["value_mean"].to_numpy(), inc["reward"].to_numpy()
+    corr = float(np.corrcoef(mv, rw)[0, 1]) if np.std(mv) > 0 and np.std(rw) > 0 else float("nan")
+    return {
+        "explained_variance": _num(ev),
+        "corr_mean_value_reward": _num(corr),
+        "n_trajectories": inc.height,
+        "n_tokens": tok.height,
+    }

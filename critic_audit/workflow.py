@@ -1,0 +1,331 @@
+"""End-to-end workflows behind the CLI: ``analyze`` (read, tokenize, score, decompose, write) and
+``fit-critic``. Library code: no typer or rich; progress goes through a callback
+``progress(stage: str, done: int, total: int)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from critic_audit import __version__
+from critic_audit.analysis.audit import AuditConfig, AuditResult, audit
+from critic_audit.errors import ConfigError, InputError
+from critic_audit.io.chat import ChatReadOptions, read_chat
+from critic_audit.schema import Conversation, conversations_to_trajectories, validate
+from critic_audit.turns import TokenizeConfig, TokenizeResult, token_table, tokenize_conversations
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoringConfig:
+    """How the critic runs.
+
+    Attributes:
+        critic: the critic checkpoint folder (Hugging Face token-classification layout).
+        device: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
+        dtype: backbone compute dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``,
+            ``bfloat16`` or ``float16``. The value head always runs in float32.
+        token_budget: most padded tokens (rows x length) in one forward pass.
+        trust_remote_code: allow checkpoints whose config asks for custom code.
+    """
+
+    critic: str
+    device: str = "auto"
+    dtype: str = "auto"
+    token_budget: int = 16384
+    trust_remote_code: bool = False
+
+
+def read_inputs(paths: Sequence[str | Path], options: ChatReadOptions = ChatReadOptions()) -> list[Conversation]:
+    """Read chat rollouts from several files or folders; trajectory ids must be unique across them.
+
+    Raises:
+        InputError: a file cannot be read, or two inputs share a trajectory id.
+    """
+    convs: list[Conversation] = []
+    seen: dict[str, str] = {}
+    for p in paths:
+        for c in read_chat(p, options):
+            if c.trajectory_id in seen:
+                raise InputError(
+                    f"trajectory id {c.trajectory_id!r} also appears in {seen[c.trajectory_id]}",
+                    path=p, record=c.trajectory_id,
+                    fix="give every rollout a unique id (or read the inputs in separate runs)",
+                )
+            seen[c.trajectory_id] = str(p)
+            convs.append(c)
+    return convs
+
+
+def is_table_input(path: str | Path) -> bool:
+    """True when ``path`` is a canonical-table folder (``tokens.parquet``) or a tokens Parquet file."""
+    p = Path(path)
+    return (p.is_dir() and (p / "tokens.parquet").exists()) or p.suffix == ".parquet"
+
+
+def read_tables(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Read canonical tables: a folder with ``tokens.parquet`` (and ``trajectories.parquet``) or a
+    tokens Parquet file. Without a trajectories table one is derived from the tokens (no rewards).
+
+    Raises:
+        InputError: the file is missing or not Parquet. SchemaError: a table breaks its schema.
+    """
+    p = Path(path)
+    tok_path = p / "tokens.parquet" if p.is_dir() else p
+    traj_path = tok_path.parent / "trajectories.parquet"
+    if not tok_path.exists():
+        raise InputError("no such file", path=tok_path, fix="check the path")
+    try:
+        tokens = pl.read_parquet(tok_path)
+        trajs = pl.read_parquet(traj_path) if traj_path.exists() else None
+    except Exception as e:  # pyarrow/polars raise many types for a corrupt file
+        raise InputError(f"cannot read Parquet ({str(e).splitlines()[0]})", path=tok_path,
+                         fix="pass a Parquet file written by critic-audit or in the layout of docs/tables.md") from None
+    tokens = validate(tokens, "tokens", path=str(tok_path))
+    if trajs is None:
+        trajs = tokens.group_by("trajectory_id", maintain_order=True).agg(
+            num_turns=pl.col("turn").n_unique() - pl.col("turn").is_null().any().cast(pl.UInt32))
+    trajs = validate(trajs, "trajectories", path=str(traj_path))
+    return trajs, tokens
+
+
+def _atomic_output(out_dir: Path) -> Path:
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    """Replace ``out_dir`` by ``tmp`` (rename; the old folder is removed only after the swap)."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, default=str, allow_nan=False) + "\n")
+
+
+@dataclasses.dataclass
+class AnalyzeOutcome:
+    """What :func:`analyze` produced: the audit result, the tokens table and the output folder."""
+
+    result: AuditResult
+    tokens: pl.DataFrame
+    out_dir: Path
+
+
+def analyze(
+    inputs: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    scoring: ScoringConfig | None,
+    read_options: ChatReadOptions = ChatReadOptions(),
+    tokenize: TokenizeConfig = TokenizeConfig(),
+    audit_config: AuditConfig = AuditConfig(),
+    plots: bool = True,
+    progress: Progress | None = None,
+) -> AnalyzeOutcome:
+    """Run the audit end to end and write the output folder atomically.
+
+    Inputs are chat rollout files/folders (see ``docs/input_formats.md``) or canonical-table folders
+    (``tokens.parquet`` + ``trajectories.parquet``); tables whose policy tokens all carry a value skip
+    critic inference.
+
+    The output folder (replaced only once everything is written) holds ``summary.json``,
+    ``trajectories.parquet`` (per-trajectory statistics), ``tokens.parquet`` (canonical tokens table
+    with values), ``config.json`` (the resolved configuration) and ``plots/``.
+
+    Raises:
+        InputError, SchemaError, TemplateError, CheckpointError, ConfigError: bad input or options.
+    """
+    t0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    if not inputs:
+        raise ConfigError("no input given", fix="pass one or more rollout files or folders")
+    table_inputs = [p for p in inputs if is_table_input(p)]
+    chat_inputs = [p for p in inputs if not is_table_input(p)]
+    for p in chat_inputs:
+        if not Path(p).exists():
+            raise InputError("no such file or folder", path=p, fix="check the path")
+    trajs_parts: list[pl.DataFrame] = []
+    token_parts: list[pl.DataFrame] = []
+    pre_excluded: dict[str, str] = {}
+    inference: dict[str, Any] = {}
+    truncation = {"trajectories": 0, "turns": 0}
+
+    for p in table_inputs:
+        tr, tk = read_tables(p)
+        trajs_parts.append(tr)
+        token_parts.append(tk)
+
+    critic = None
+    needs_values = any(t.filter(pl.col("response_mask") & pl.col("value").is_null()).height for t in token_parts)
+    if chat_inputs or needs_values:
+        if scoring is None:
+            raise ConfigError("these inputs carry no critic values", fix="pass --critic CHECKPOINT_DIR")
+        from critic_audit.critic import load_critic  # torch/transformers load only when needed
+
+        critic = load_critic(scoring.critic, device=scoring.device, dtype=scoring.dtype,
+                             trust_remote_code=scoring.trust_remote_code)
+        inference = {"critic": str(scoring.critic), "device": str(critic.device),
+                     "dtype": str(critic.dtype).replace("torch.", ""), "token_budget": scoring.token_budget}
+
+    if chat_inputs:
+        convs = read_inputs(chat_inputs, read_options)
+        max_len = tokenize.max_length or critic.max_length
+        if max_len > critic.max_length:
+            raise ConfigError(f"--max-length {max_len} exceeds the critic's context {critic.max_length}",
+                              fix=f"use at most {critic.max_length}")
+        tcfg = dataclasses.replace(tokenize, max_length=max_len)
+        tok_res: TokenizeResult = tokenize_conversations(
+            convs, critic.tokenizer, tcfg,
+            progress=(lambda d, n: progress("tokenize", d, n)) if progress else None)
+        truncation = {"trajectories": tok_res.truncated_trajectories, "turns": tok_res.truncated_turns}
+        pre_excluded.update(tok_res.excluded)
+        trajs_parts.append(conversations_to_trajectories(convs))
+        token_parts.append(token_table(tok_res.conversations))
+
+    trajectories = pl.concat(trajs_parts, how="vertical_relaxed") if len(trajs_parts) > 1 else trajs_parts[0]
+    tokens = pl.concat(token_parts, how="vertical_relaxed") if len(token_parts) > 1 else token_parts[0]
+    dup = trajectories.height - trajectories["trajectory_id"].n_unique()
+    if dup:
+        raise InputError(f"{dup} trajectory id(s) appear in more than one input",
+                         fix="give every rollout a unique id")
+
+    if critic is not None:
+        tokens = _score_missing(tokens, critic, scoring, inference, progress)
+
+    result = audit(trajectories, tokens, audit_config, pre_excluded=pre_excluded)
+    result.summary["truncated"] = truncation
+    result.summary["inference"] = inference or None
+    result.summary["inputs"] = [str(p) for p in inputs]
+    result.summary["critic_audit_version"] = __version__
+
+    config = {
+        "inputs": [str(p) for p in inputs],
+        "out": str(out_dir),
+        "scoring": dataclasses.asdict(scoring) if scoring else None,
+        "read_options": dataclasses.asdict(read_options),
+        "tokenize": {**dataclasses.asdict(tokenize), "chat_template": bool(tokenize.chat_template)},
+        "audit": dataclasses.asdict(audit_config),
+        "critic_max_length": critic.max_length if critic else None,
+    }
+    tmp = _atomic_output(out_dir)
+    try:
+        result.summary["seconds"] = round(time.perf_counter() - t0, 2)
+        _write_json(tmp / "summary.json", result.summary)
+        _write_json(tmp / "config.json", config)
+        result.per_trajectory.write_parquet(tmp / "trajectories.parquet")
+        tokens.write_parquet(tmp / "tokens.parquet")
+        if plots:
+            from critic_audit.plots import plot_eta2_hist, plot_value_traces
+            import matplotlib.pyplot as plt
+
+            for fig in (plot_value_traces(tokens, result.per_trajectory, tmp / "plots" / "value_traces"),
+                        plot_eta2_hist(result.per_trajectory, tmp / "plots" / "eta2_hist")):
+                plt.close(fig)
+        _publish(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return AnalyzeOutcome(result, tokens, out_dir)
+
+
+def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, inference: dict[str, Any],
+                   progress: Progress | None) -> pl.DataFrame:
+    """Fill ``value`` for every trajectory whose policy tokens lack one, with the critic."""
+    from critic_audit.critic import score_values
+
+    need = tokens.filter(pl.col("response_mask") & pl.col("value").is_null())["trajectory_id"].unique(maintain_order=True)
+    if need.len() == 0:
+        return tokens
+    todo = tokens.filter(pl.col("trajectory_id").is_in(need.implode())).sort(["trajectory_id", "position"])
+    groups = todo.partition_by("trajectory_id", maintain_order=True, as_dict=False)
+    seqs = [g["token_id"].to_numpy() for g in groups]
+    stats: dict[str, Any] = {}
+    values = score_values(critic, seqs, token_budget=scoring.token_budget,
+                          progress=(lambda d, n: progress("score", d, n)) if progress else None, stats=stats)
+    scored = pl.concat([
+        g.with_columns(value=pl.Series(v, dtype=pl.Float32).fill_nan(None)) for g, v in zip(groups, values)
+    ])
+    rest = tokens.filter(~pl.col("trajectory_id").is_in(need.implode()))
+    inference.update({k: stats.get(k) for k in ("n_sequences", "real_tokens", "computed_tokens",
+                                                  "padding_efficiency", "seconds", "tokens_per_s")})
+    return pl.concat([rest, scored]).sort(["trajectory_id", "position"], maintain_order=True)
+
+
+def fit_critic(
+    inputs: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    backbone: str = "smollm2-135m",
+    read_options: ChatReadOptions = ChatReadOptions(),
+    tokenize: TokenizeConfig = TokenizeConfig(),
+    ridge: float = 1e-3,
+    weighting: str = "trajectory",
+    dtype: str = "auto",
+    token_budget: int = 16384,
+    head_out: str | Path | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Fit a value head on a frozen backbone to Monte-Carlo returns and save a critic folder.
+
+    The target of every policy token is its trajectory's reward (the return with gamma = 1 and
+    lambda = 1: VC-PPO's value pretraining, arXiv:2503.01491). Rollouts must carry rewards.
+
+    Returns:
+        A dict with the output paths and the fit metrics (explained variance on the fit data, tokens,
+        seconds).
+
+    Raises:
+        InputError: unreadable rollouts or a missing reward. CheckpointError: the backbone cannot be
+        prepared. ConfigError: bad options.
+    """
+    from critic_audit.critic import FitConfig, cached_backbone, fit_metadata, fit_value_head, load_tokenizer, save_critic, save_head
+
+    if not read_options.require_reward:
+        raise ConfigError("fit-critic needs rewards", fix="drop --no-reward and give every rollout a reward")
+    for p in inputs:
+        if not Path(p).exists():
+            raise InputError("no such file or folder", path=p, fix="check the path")
+    convs = read_inputs(inputs, read_options)
+    bdir = cached_backbone(backbone)
+    tokenizer = load_tokenizer(bdir)
+    ctx = int(json.loads((Path(bdir) / "config.json").read_text()).get("max_position_embeddings") or 2048)
+    tcfg = dataclasses.replace(tokenize, max_length=min(tokenize.max_length or ctx, ctx))
+    res = tokenize_conversations(convs, tokenizer, tcfg,
+                                 progress=(lambda d, n: progress("tokenize", d, n)) if progress else None)
+    reward = {c.trajectory_id: c.reward for c in convs}
+    seqs = [t.input_ids for t in res.conversations]
+    masks = [t.response_mask for t in res.conversations]
+    rets = [float(reward[t.trajectory_id]) for t in res.conversations]
+    fit = fit_value_head(bdir, seqs, masks, rets,
+                         config=FitConfig(ridge=ridge, weighting=weighting, dtype=dtype, token_budget=token_budget),
+                         progress=(lambda d, n: progress("fit", d, n)) if progress else None)
+    meta = fit_metadata(fit)
+    meta["fit"]["inputs"] = [str(p) for p in inputs]
+    meta["fit"]["n_conversations"] = len(convs)
+    meta["fit"]["excluded"] = res.excluded_counts
+    path = save_critic(bdir, fit.weight, fit.bias, out_dir, metadata=meta, overwrite=overwrite)
+    info: dict[str, Any] = {"critic": str(path), "metrics": fit.metrics, "excluded": res.excluded_counts,
+                            "truncated_trajectories": res.truncated_trajectories}
+    if head_out is not None:
+        info["head"] = str(save_head(fit.weight, fit.bias, head_out, metadata=meta))
+    return info
