@@ -156,11 +156,12 @@ def test_t_minus_one_alignment(critic, tiny_dir):
     np.testing.assert_allclose(vals[1:], logits[:-1], atol=1e-5)
 
 
-def test_batch_and_padding_independence_and_order(critic):
+@pytest.mark.parametrize("attention_mask", [False, True])
+def test_batch_and_padding_independence_and_order(critic, attention_mask):
     seqs = _seqs([5, 40, 17, 1, 0, 33, 2, 40, 9], seed=3)
     alone = [score_values(critic, [s])[0] for s in seqs]
     stats: dict = {}
-    batched = score_values(critic, seqs, token_budget=100, stats=stats)
+    batched = score_values(critic, seqs, token_budget=100, stats=stats, attention_mask=attention_mask)
     assert [len(v) for v in batched] == [len(s) for s in seqs]
     for a, b, s in zip(alone, batched, seqs, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4, equal_nan=True)
