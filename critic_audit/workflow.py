@@ -22,8 +22,21 @@ from critic_audit import __version__
 from critic_audit.analysis.audit import AuditConfig, AuditResult, audit
 from critic_audit.errors import ConfigError, InputError
 from critic_audit.io.chat import ChatReadOptions, read_chat
-from critic_audit.schema import Conversation, conversations_to_trajectories, validate
-from critic_audit.turns import TokenizeConfig, TokenizeResult, token_table, tokenize_conversations
+from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, conversations_to_trajectories, validate
+from critic_audit.turns import (
+    EXCLUDE_NO_ASSISTANT,
+    EXCLUDE_OVERLONG_DROPPED,
+    EXCLUDE_OVERLONG_NO_TURN,
+    EXCLUDE_STARTS_WITH_ASSISTANT,
+    TokenizeConfig,
+    TokenizeResult,
+    token_table,
+    tokenize_conversations,
+)
+
+#: Exclusions decided before scoring (carried over when an audit's tables are read back).
+PRE_SCORING_EXCLUSIONS = (EXCLUDE_NO_ASSISTANT, EXCLUDE_OVERLONG_DROPPED, EXCLUDE_OVERLONG_NO_TURN,
+                          EXCLUDE_STARTS_WITH_ASSISTANT)
 
 Progress = Callable[[str, int, int], None]
 
@@ -75,9 +88,13 @@ def is_table_input(path: str | Path) -> bool:
     return (p.is_dir() and (p / "tokens.parquet").exists()) or p.suffix == ".parquet"
 
 
-def read_tables(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+def read_tables(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
     """Read canonical tables: a folder with ``tokens.parquet`` (and ``trajectories.parquet``) or a
     tokens Parquet file. Without a trajectories table one is derived from the tokens (no rewards).
+
+    Returns ``(trajectories, tokens, pre_excluded)``: the trajectories table reduced to its canonical
+    columns (an earlier audit's statistics are dropped), and the exclusions made before scoring that
+    an earlier audit recorded (no assistant turn, over-long), keyed by trajectory id.
 
     Raises:
         InputError: the file is missing or not Parquet. SchemaError: a table breaks its schema.
@@ -97,8 +114,12 @@ def read_tables(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     if trajs is None:
         trajs = tokens.group_by("trajectory_id", maintain_order=True).agg(
             num_turns=pl.col("turn").n_unique() - pl.col("turn").is_null().any().cast(pl.UInt32))
-    trajs = validate(trajs, "trajectories", path=str(traj_path))
-    return trajs, tokens
+    pre: dict[str, str] = {}
+    if "excluded" in trajs.columns:
+        rows = trajs.filter(pl.col("excluded").is_in(list(PRE_SCORING_EXCLUSIONS)))
+        pre = dict(zip(rows["trajectory_id"].cast(pl.String).to_list(), rows["excluded"].to_list()))
+    trajs = validate(trajs, "trajectories", path=str(traj_path)).select(list(TRAJECTORY_SCHEMA))
+    return trajs, tokens, pre
 
 
 def _atomic_output(out_dir: Path) -> Path:
@@ -170,7 +191,8 @@ def analyze(
     truncation = {"trajectories": 0, "turns": 0}
 
     for p in table_inputs:
-        tr, tk = read_tables(p)
+        tr, tk, pre = read_tables(p)
+        pre_excluded.update(pre)
         trajs_parts.append(tr)
         token_parts.append(tk)
 

@@ -1,0 +1,222 @@
+"""`critic-audit analyze` end to end through the CLI runner, and every bad input of issue 2."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from critic_audit.analysis.decompose import decompose
+from critic_audit.cli import app
+
+from conftest import conv, make_critic_dir
+
+runner = CliRunner()
+
+
+def _run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _assert_one_line_error(res, *needles, out_dir: Path | None = None):
+    assert res.exit_code == 1, res.output
+    text = res.stderr if hasattr(res, "stderr") else res.output
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert lines and lines[0].startswith("error:"), text
+    assert "Traceback" not in text
+    joined = " ".join(ln.strip() for ln in lines)
+    for n in needles:
+        assert n in joined, (n, joined)
+    if out_dir is not None:
+        assert not out_dir.exists(), "no output may be written on error"
+
+
+def test_analyze_end_to_end(rollouts, critic_dir, tmp_path):
+    out = tmp_path / "audit"
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 200)
+    assert res.exit_code == 0, res.output
+    assert "median eta2" in res.stdout
+    for f in ("summary.json", "config.json", "trajectories.parquet", "tokens.parquet",
+              "plots/value_traces.png", "plots/value_traces.svg", "plots/eta2_hist.png"):
+        assert (out / f).exists(), f
+    s = json.loads((out / "summary.json").read_text())
+    assert s["n_trajectories"] == 9
+    assert s["excluded"] == {"no_assistant_turn": 1}
+    assert s["n_included"] == 8
+    # the headline is the median of the per-trajectory eta2 recomputed from the written tokens
+    tokens = pl.read_parquet(out / "tokens.parquet")
+    pol = tokens.filter(pl.col("response_mask")).sort(["trajectory_id", "position"])
+    codes = pol["trajectory_id"].rank("dense").cast(pl.Int64).to_numpy() - 1
+    ref = decompose(codes, pol["turn"].to_numpy(), pol["value"].to_numpy())
+    assert s["eta2_median"]["estimate"] == pytest.approx(float(np.median(ref["eta2"].to_numpy())), rel=1e-6)
+    lo, hi = s["eta2_median"]["ci95"]
+    assert lo <= s["eta2_median"]["estimate"] <= hi
+    # t-1 convention: position 0 has no value; every policy token has one
+    first = tokens.filter(pl.col("position") == 0)
+    assert first.height == 8 and first["value"].null_count() == 8
+    assert pol["value"].null_count() == 0
+    per = pl.read_parquet(out / "trajectories.parquet")
+    assert per.height == 9 and set(per["excluded"].drop_nulls()) == {"no_assistant_turn"}
+    assert s["by_success"]["True"]["n_included"] == 4 and s["by_success"]["False"]["n_included"] == 4
+    assert s["inference"]["real_tokens"] > 0 and s["inference"]["dtype"] == "float32"
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["audit"]["n_boot"] == 200
+
+
+def test_json_output_and_tables_skip_inference(rollouts, critic_dir, tmp_path):
+    out = tmp_path / "a1"
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--json", "--bootstrap", 100, "--no-plots")
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["n_included"] == 8
+    # the written folder is itself an input that carries values: no critic needed
+    out2 = tmp_path / "a2"
+    res2 = _run("analyze", out, "--out", out2, "--json", "--bootstrap", 100, "--no-plots")
+    assert res2.exit_code == 0, res2.output
+    s2 = json.loads(res2.stdout)
+    assert s2["eta2_median"] == s["eta2_median"] and s2["inference"] is None
+
+
+def test_scope_all_changes_groups(rollouts, critic_dir, tmp_path):
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", tmp_path / "o", "--json",
+               "--scope", "all", "--bootstrap", 50, "--no-plots")
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["scope"] == "all" and s["n_tokens_included"] > 0
+
+
+def test_rerun_replaces_output_atomically(rollouts, critic_dir, tmp_path):
+    out = tmp_path / "o"
+    assert _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--no-plots", "--bootstrap", 50).exit_code == 0
+    (out / "stale.txt").write_text("old")
+    assert _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--no-plots", "--bootstrap", 50).exit_code == 0
+    assert not (out / "stale.txt").exists()
+    assert not list(tmp_path.glob(".o.*")), "temporary folders are cleaned up"
+
+
+# ----------------------------------------------------------------------------------------- bad input
+
+
+def test_missing_file(critic_dir, tmp_path):
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", tmp_path / "nope.json", "--critic", critic_dir, "--out", out),
+                           "nope.json", "fix", out_dir=out)
+
+
+def test_unknown_format(critic_dir, tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps([{"foo": 1, "bar": 2}]))
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", p, "--critic", critic_dir, "--out", out), "x.json", "record 0",
+                           "--messages-key", out_dir=out)
+
+
+def test_malformed_json_names_line(critic_dir, tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('[\n{"traj": [], "reward": 1}\n{"traj": []}\n]')
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", p, "--critic", critic_dir, "--out", out), "bad.json", "line 3", out_dir=out)
+
+
+def test_malformed_jsonl_names_line(critic_dir, tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps(conv(0, 2, 1.0)) + "\n{oops\n")
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", p, "--critic", critic_dir, "--out", out), "bad.jsonl", "line 2", out_dir=out)
+
+
+def test_missing_reward(critic_dir, tmp_path):
+    rec = conv(0, 2, 1.0)
+    del rec["reward"]
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps([conv(1, 2, 0.0), rec]))
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", p, "--critic", critic_dir, "--out", out), "r.json", "record 1",
+                           "--no-reward", out_dir=out)
+    # with --no-reward it runs, and says nothing about critic quality
+    res = _run("analyze", p, "--critic", critic_dir, "--out", out, "--no-reward", "--json", "--no-plots", "--bootstrap", 20)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["critic_quality"]["explained_variance"] is None
+
+
+def test_non_numeric_reward(critic_dir, tmp_path):
+    rec = conv(0, 2, 1.0)
+    rec["reward"] = "great"
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps([rec]))
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", p, "--critic", critic_dir, "--out", out), "r.json", "record 0", "reward",
+                           out_dir=out)
+
+
+def test_tokenizer_without_chat_template(rollouts, tmp_path):
+    cdir = make_critic_dir(tmp_path / "c", chat_template=None)
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", rollouts, "--critic", cdir, "--out", out), "chat template",
+                           "--chat-template", out_dir=out)
+
+
+def test_checkpoint_without_value_head(rollouts, tmp_path):
+    cdir = make_critic_dir(tmp_path / "lm", with_head=False)
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", rollouts, "--critic", cdir, "--out", out), "score.weight",
+                           "fit-critic", out_dir=out)
+
+
+def test_checkpoint_needing_remote_code_refused(rollouts, critic_dir, tmp_path):
+    import shutil
+
+    cdir = tmp_path / "remote"
+    shutil.copytree(critic_dir, cdir)
+    cfg = json.loads((cdir / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForTokenClassification": "modeling_evil.EvilModel"}
+    (cdir / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", rollouts, "--critic", cdir, "--out", out), "--trust-remote-code",
+                           out_dir=out)
+
+
+def test_no_critic_for_chat_input(rollouts, tmp_path):
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", rollouts, "--out", out), "--critic", out_dir=out)
+
+
+def test_bad_option_values(rollouts, critic_dir, tmp_path):
+    out = tmp_path / "o"
+    _assert_one_line_error(_run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--scope", "turns"),
+                           "scope", out_dir=out)
+    _assert_one_line_error(_run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--dtype", "fp8"),
+                           "fp8", out_dir=out)
+
+
+def test_debug_env_brings_traceback_back(critic_dir, tmp_path, monkeypatch):
+    from critic_audit.errors import InputError
+
+    monkeypatch.setenv("CRITIC_AUDIT_DEBUG", "1")
+    res = _run("analyze", tmp_path / "nope.json", "--critic", critic_dir, "--out", tmp_path / "o")
+    assert res.exit_code != 0 and isinstance(res.exception, InputError)
+
+
+def test_fit_critic_then_analyze(rollouts, tmp_path):
+    """fit-critic on a tiny local backbone writes a critic that analyze loads, and a head file."""
+    lm = make_critic_dir(tmp_path / "lm", with_head=False)
+    out = tmp_path / "fitted"
+    head = tmp_path / "head.safetensors"
+    res = _run("fit-critic", rollouts, "--backbone", lm, "--out", out, "--head-out", head)
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    assert info["metrics"]["n_tokens"] > 0 and math.isfinite(info["metrics"]["explained_variance"])
+    assert head.exists()
+    res2 = _run("analyze", rollouts, "--critic", out, "--out", tmp_path / "a", "--json", "--no-plots", "--bootstrap", 20)
+    assert res2.exit_code == 0, res2.output
+    s = json.loads(res2.stdout)
+    # on its own fit data a ridge head explains some of the return variance
+    assert s["critic_quality"]["explained_variance"] > 0
+    # build-critic from the head gives the same critic values
+    built = tmp_path / "built"
+    assert _run("build-critic", "--backbone", lm, "--head", head, "--out", built).exit_code == 0
+    res3 = _run("analyze", rollouts, "--critic", built, "--out", tmp_path / "b", "--json", "--no-plots", "--bootstrap", 20)
+    assert json.loads(res3.stdout)["eta2_median"] == s["eta2_median"]
