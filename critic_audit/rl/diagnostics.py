@@ -48,7 +48,8 @@ def approx_kl(log_probs: Tensor, old_log_probs: Tensor, mask: Tensor) -> dict[st
         k3 = mean(r - 1 - log r) with r = exp(new - old) (unbiased and >= 0).
     """
     with torch.no_grad():
-        log_ratio = (log_probs - old_log_probs).float()
+        log_ratio = log_probs - old_log_probs
+        log_ratio = log_ratio.to(torch.promote_types(log_ratio.dtype, torch.float32))
         # k1 = -log r
         k1 = masked_mean(-log_ratio, mask)
         # k3 = r - 1 - log r
