@@ -1,0 +1,140 @@
+"""Benchmark critic inference on real tau-bench airline rollouts with the SmolLM2-135M backbone.
+
+Compares, in one run:
+
+1. naive: one trajectory at a time, float32, a plain ``backbone(input_ids)`` + head per trajectory;
+2. ``score_values`` in float32 (sorted batching under a token budget, right padding, no mask);
+3. ``score_values`` in bfloat16 (head still float32);
+4. optionally (``--with-mask``) ``score_values`` float32 passing the padding mask.
+
+Prints tokens/s of each, the speed-up over naive, padding efficiency, and the max abs difference of the
+values against naive. The critic is the cached SmolLM2 backbone with a random value head (timing and
+agreement do not depend on the head being trained).
+
+Usage::
+
+    python benchmarks/bench_inference.py            # 30 shortest trajectories (~1 min of bf16, ~5 of fp32 on 2 cores)
+    python benchmarks/bench_inference.py --n 30 --select first --max-tokens 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from critic_audit.critic import cached_backbone, load_critic, load_tokenizer, save_critic, score_values
+
+DATA = Path("/work/shared/data/tau_bench_airline/historical_trajectories/gpt-4o-airline.json")
+
+
+def render(messages: list[dict]) -> list[dict]:
+    """Chat messages -> plain {role, content} with tool calls written out as text."""
+    out = []
+    for m in messages:
+        text = m.get("content") or ""
+        for tc in m.get("tool_calls") or []:
+            fn = tc.get("function", tc)
+            args = fn.get("arguments")
+            if not isinstance(args, str):
+                args = json.dumps(args)
+            text += f"\n<tool_call>{json.dumps({'name': fn.get('name'), 'arguments': args})}</tool_call>"
+        out.append({"role": m.get("role", "user"), "content": text})
+    return out
+
+
+def tokenize(tokenizer, records: list[dict], max_tokens: int) -> list[np.ndarray]:
+    seqs = []
+    for r in records:
+        ids = tokenizer.apply_chat_template(render(r["traj"]), tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        seqs.append(np.asarray(ids[:max_tokens], dtype=np.int64))
+    return seqs
+
+
+def naive(critic, seqs: list[np.ndarray]) -> tuple[list[np.ndarray], float]:
+    t0 = time.perf_counter()
+    out = []
+    with torch.inference_mode():
+        for s in seqs:
+            h = critic.backbone(input_ids=torch.as_tensor(s)[None]).last_hidden_state[0].float()
+            v = critic.head(h)[:, 0].numpy()
+            vals = np.full(len(s), np.nan, dtype=np.float32)
+            vals[1:] = v[:-1]
+            out.append(vals)
+    return out, time.perf_counter() - t0
+
+
+def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.nanmax(np.abs(x - y))) if len(x) > 1 else 0.0 for x, y in zip(a, b, strict=True))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--n", type=int, default=30, help="number of trajectories")
+    ap.add_argument("--select", choices=["shortest", "first"], default="shortest")
+    ap.add_argument("--max-tokens", type=int, default=8192, help="truncate each trajectory (<= critic context)")
+    ap.add_argument("--token-budget", type=int, default=16384)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--with-mask", action="store_true", help="also time score_values with the padding mask")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    backbone = cached_backbone("smollm2-135m", progress=lambda m: print(m, file=sys.stderr))
+    tok = load_tokenizer(backbone)
+    records = json.loads(args.data.read_text())
+    if args.select == "shortest":
+        lengths = [len(json.dumps(r["traj"])) for r in records]
+        records = [records[i] for i in np.argsort(lengths, kind="stable")[: args.n]]
+    else:
+        records = records[: args.n]
+    seqs = tokenize(tok, records, args.max_tokens)
+    n_tok = sum(len(s) - 1 for s in seqs)
+    print(
+        f"{len(seqs)} trajectories, {n_tok} scored positions, lengths {min(map(len, seqs))}-{max(map(len, seqs))}"
+        f" (mean {np.mean([len(s) for s in seqs]):.0f}); torch {torch.__version__}, {torch.get_num_threads()} threads,"
+        f" attn sdpa"
+    )
+
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        critic_dir = save_critic(backbone, rng.normal(0, 0.05, 576), 0.1, Path(tmp) / "critic")
+        c32 = load_critic(critic_dir, device="cpu", dtype="float32")
+        c16 = load_critic(critic_dir, device="cpu", dtype="bfloat16")
+
+    # warm-up (one-time kernel selection / oneDNN primitive creation)
+    with torch.inference_mode():
+        for c in (c32, c16):
+            c.backbone(input_ids=torch.as_tensor(seqs[0][:256])[None])
+
+    rows = []
+    v_naive, sec = naive(c32, seqs)
+    rows.append(("naive loop, fp32", n_tok / sec, sec, 1.0, 0.0))
+    runs = [("score_values, fp32", c32, False), ("score_values, bf16", c16, False)]
+    if args.with_mask:
+        runs.insert(1, ("score_values, fp32, with mask", c32, True))
+    for label, c, mask in runs:
+        st: dict = {}
+        vals = score_values(c, seqs, token_budget=args.token_budget, stats=st, attention_mask=mask)
+        rows.append((label, st["tokens_per_s"], st["seconds"], st["padding_efficiency"], max_diff(vals, v_naive)))
+        print(f"  {label}: batches {st['batch_shapes']}", file=sys.stderr)
+
+    base = rows[0][1]
+    print(f"{'method':34s} {'tokens/s':>9s} {'seconds':>8s} {'x naive':>8s} {'pad eff':>8s} {'max|dv| vs naive':>17s}")
+    for label, tps, sec, eff, diff in rows:
+        print(f"{label:34s} {tps:9.0f} {sec:8.1f} {tps / base:8.2f} {eff:8.3f} {diff:17.2e}")
+    scale = float(np.nanmax(np.abs(np.concatenate([v[1:] for v in v_naive]))))
+    print(f"(value scale: max |v| = {scale:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
