@@ -11,7 +11,9 @@ The package is located with :func:`importlib.util.find_spec` and never imported 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import logging
 import os
 import shutil
@@ -150,6 +152,12 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
             raise CheckpointError(
                 f"reading a GGUF backbone needs the Python package {mod!r}", fix="pip install gguf accelerate"
             )
+    # transformers' GGUF reader draws its own tqdm bar on sys.stderr, which the library must not do.
+    with contextlib.redirect_stderr(io.StringIO()):
+        _convert_quietly(gguf_dir, gguf_file, out)
+
+
+def _convert_quietly(gguf_dir: Path, gguf_file: str, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -19,10 +19,14 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from critic_audit.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ class Critic:
 
     backbone: torch.nn.Module
     head: torch.nn.Linear
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
     max_length: int
