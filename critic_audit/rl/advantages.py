@@ -309,19 +309,21 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
 
 
 def _policy_token_gae(
-    batch: RolloutBatch, discount: Tensor | float, lam: Tensor | float
+    batch: RolloutBatch, discount: Tensor | float, lam: Tensor | float, next_index: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """GAE over policy tokens only (masked tokens skipped), as one reverse scan.
 
     ``discount`` (scalar or (B, T)) multiplies the *next policy token's* value; ``lam`` is scalar or
-    (B, 1). The row's end is terminal (V after the last policy token = 0). Returns (advantages,
-    returns), 0 at masked tokens.
+    (B, 1). The row's end is terminal (V after the last policy token = 0). ``next_index``: a
+    precomputed :func:`next_policy_index`. Returns (advantages, returns), 0 at masked tokens.
     """
     m = batch.response_mask
     r = batch.token_rewards
     zeros = torch.zeros_like(r)
     values = torch.where(m, batch.values.to(r.dtype), zeros)
-    next_values = gather_next(values, next_policy_index(m))
+    if next_index is None:
+        next_index = next_policy_index(m)
+    next_values = gather_next(values, next_index)
     # delta_t = r_t + gamma * V_{next policy token} - V_t
     delta = torch.where(m, r + discount * next_values - values, zeros)
     # A_t = delta_t + gamma * lam * A_{next policy token}; a masked token passes A on unchanged (c = 1)
@@ -455,7 +457,7 @@ def mae_advantages(batch: RolloutBatch, config: MAEConfig) -> AdvantageOutput:
 
     # critic targets: discount 1 inside a turn, gamma across a turn boundary, lambda = lam_critic
     discount = torch.where(layout.is_last, zeros + config.gamma, zeros + 1.0)
-    _, returns = _policy_token_gae(batch, discount, config.lam_critic)
+    _, returns = _policy_token_gae(batch, discount, config.lam_critic, layout.next_index)
     return AdvantageOutput(_maybe_whiten(advantages, batch, config.whiten), returns)
 
 

@@ -103,7 +103,8 @@ def turn_layout(turn_ids: Tensor) -> TurnLayout:
     """Derive the first/last tokens, lengths and scatter index of every turn from ``turn_ids``.
 
     Args:
-        turn_ids: (B, T) int64, k >= 0 at policy tokens, -1 at masked tokens. Turns need not be
+        turn_ids: (B, T) int64, k >= 0 at policy tokens, -1 at masked tokens, non-decreasing along each
+            row's policy tokens (as :class:`RolloutBatch` checks). Turns need not be
             contiguous runs (user-provided ids may merge runs); "next token of the turn" always means
             the next policy token.
 
@@ -118,13 +119,8 @@ def turn_layout(turn_ids: Tensor) -> TurnLayout:
     lengths.scatter_add_(1, index, torch.ones_like(index))
     nxt = next_policy_index(m)
     next_tid = gather_next(turn_ids, nxt, fill=-1)
-    # previous policy token's turn id: running max of policy positions, shifted right
-    positions = torch.arange(T, device=turn_ids.device).expand_as(turn_ids)
-    last_seen = torch.cummax(torch.where(m, positions, torch.full_like(positions, -1)), dim=1).values
-    prev_pos = torch.nn.functional.pad(last_seen[:, :-1], (1, 0), value=-1)
-    prev_tid = torch.where(
-        prev_pos >= 0, torch.gather(turn_ids, 1, prev_pos.clamp(min=0)), torch.full_like(prev_pos, -1)
-    )
+    # turn ids never decrease along a row, so the previous policy token's id is the running max up to t-1
+    prev_tid = torch.nn.functional.pad(torch.cummax(turn_ids, dim=1).values[:, :-1], (1, 0), value=-1)
     is_first = m & (prev_tid != turn_ids)
     is_last = m & (next_tid != turn_ids)
     return TurnLayout(turn_ids, index, K, lengths[:, :K], is_first, is_last, nxt)
