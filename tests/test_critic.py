@@ -232,6 +232,19 @@ def test_load_causal_lm_config_with_score(tmp_path, tiny_dir, critic):
     np.testing.assert_allclose(score_values(c, [seq])[0], score_values(critic, [seq])[0], atol=1e-6, equal_nan=True)
 
 
+def test_load_sharded(tmp_path, tiny_dir, critic):
+    from transformers import AutoModelForTokenClassification
+
+    d = tmp_path / "sharded"
+    AutoModelForTokenClassification.from_pretrained(tiny_dir, num_labels=1).save_pretrained(d, max_shard_size="20KB")
+    shutil.copy(tiny_dir / "tokenizer.json", d / "tokenizer.json")
+    shutil.copy(tiny_dir / "tokenizer_config.json", d / "tokenizer_config.json")
+    assert (d / "model.safetensors.index.json").is_file()
+    c = load_critic(d, device="cpu")
+    seq = _seqs([12], seed=11)[0]
+    np.testing.assert_allclose(score_values(c, [seq])[0], score_values(critic, [seq])[0], atol=1e-6, equal_nan=True)
+
+
 def test_load_errors(tmp_path, tiny_dir, tiny_lm_dir):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_critic(tmp_path / "nope")
