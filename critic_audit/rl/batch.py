@@ -50,6 +50,8 @@ def turn_ids_from_mask(response_mask: Tensor) -> Tensor:
     Example: mask ``[0, 1, 1, 0, 0, 1, 0]`` gives ``[-1, 0, 0, -1, -1, 1, -1]``.
     """
     m = response_mask.bool()
+    if m.shape[1] == 0:
+        return torch.zeros(m.shape, dtype=torch.long, device=m.device)
     prev = torch.nn.functional.pad(m[:, :-1], (1, 0), value=False)
     # a turn starts at a policy token whose predecessor is masked (or absent)
     starts = m & ~prev

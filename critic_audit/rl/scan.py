@@ -35,12 +35,15 @@ def reverse_linear_scan(x: Tensor, c: Tensor) -> Tensor:
             mathematically but no estimator here uses them.
 
     Returns:
-        (B, T) float, y, in x's dtype. Works in place on copies: call it on tensors that need no
-        gradient (every estimator runs under ``torch.no_grad()``).
+        (B, T) float, y, in x's dtype. Differentiable when x or c requires grad (then without
+        in-place writes, a little slower); estimators run under ``torch.no_grad()``.
     """
-    y = x.clone()
-    coef = torch.broadcast_to(c, x.shape).to(x.dtype).clone()
+    coef = torch.broadcast_to(c, x.shape).to(x.dtype)
     T = x.shape[-1]
+    if torch.is_grad_enabled() and (x.requires_grad or coef.requires_grad):
+        return _reverse_linear_scan_differentiable(x, coef)
+    y = x.clone()
+    coef = coef.clone()
     d = 1
     while d < T:
         # y_t <- y_t + C_t * y_{t+d}: adds the next block of 2^k terms, already summed
@@ -49,5 +52,17 @@ def reverse_linear_scan(x: Tensor, c: Tensor) -> Tensor:
         next_coef = torch.zeros_like(coef)
         next_coef[..., :-d] = coef[..., :-d] * coef[..., d:]
         coef = next_coef
+        d *= 2
+    return y
+
+
+def _reverse_linear_scan_differentiable(x: Tensor, coef: Tensor) -> Tensor:
+    """The same doubling steps without in-place writes, so autograd can run through them."""
+    pad = torch.nn.functional.pad
+    y, T, d = x, x.shape[-1], 1
+    while d < T:
+        # y_t <- y_t + C_t * y_{t+d};  C_t <- C_t * C_{t+d}  (0 beyond the end)
+        y = y + pad(coef[..., :-d] * y[..., d:], (0, d))
+        coef = pad(coef[..., :-d] * coef[..., d:], (0, d))
         d *= 2
     return y

@@ -379,3 +379,15 @@ def test_agg_modes_reduce_to_token_mean_for_uniform_rows(batch):
     lengths = m.sum(dim=1)
     mean_len = float(lengths[lengths > 0].double().mean())
     assert agg_loss(loss, m, "seq-mean-token-sum").item() == pytest.approx(2.0 * mean_len)
+
+
+def test_scan_is_differentiable_and_agrees():
+    # y = scan(x, c) is linear in x: d sum(w * y) / d x_j = sum_{t <= j} w_t prod_{m=t}^{j-1} c_m
+    # with c = [.5, .5, .5], w = [1, 1, 1]: grads = [1, 1 + .5, 1 + .5 + .25] = [1, 1.5, 1.75]
+    x = torch.tensor([[1.0, 2.0, 3.0]], dtype=D, requires_grad=True)
+    c = torch.full((1, 3), 0.5, dtype=D)
+    y = reverse_linear_scan(x, c)
+    # forward: y_2 = 3, y_1 = 2 + 1.5 = 3.5, y_0 = 1 + 1.75 = 2.75
+    assert y[0].tolist() == [2.75, 3.5, 3.0]
+    y.sum().backward()
+    assert x.grad[0].tolist() == [1.0, 1.5, 1.75]
