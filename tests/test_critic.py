@@ -320,6 +320,19 @@ def _features(backbone_dir, seqs, masks, returns):
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
 
 
+def test_load_backbone_uses_the_saved_weights(tiny_lm_dir):
+    from transformers import AutoModelForCausalLM
+
+    bb, dev, dtype, cfg = load_backbone(tiny_lm_dir, device="cpu", dtype="float32")
+    lm = AutoModelForCausalLM.from_pretrained(tiny_lm_dir).eval()
+    ids = torch.as_tensor(_seqs([10], seed=12)[0])[None]
+    with torch.no_grad():
+        a = bb(input_ids=ids).last_hidden_state
+        b = lm.model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(a, b)
+    assert dev.type == "cpu" and dtype == torch.float32 and cfg.hidden_size == HIDDEN
+
+
 def test_fit_recovers_exact_linear_head(tiny_lm_dir):
     seqs, masks = _fit_data()
     x, _, _ = _features(tiny_lm_dir, seqs, masks, [0.0] * len(seqs))
