@@ -1,0 +1,492 @@
+"""Inference-time signal: does a sharp change of the turn-level value predict failure?
+
+Definition: ``shared/spec/AUDIT.md``, section "Inference-time signal". A practitioner proposal: use the
+turn-level value as a cheap anomaly signal at inference; when one turn's value departs sharply from the
+previous turns, retry or hand the episode to a person. This module scores every turn and measures how
+well the score separates failed from successful trajectories (AUROC), so a team can decide whether the
+signal is worth wiring in. Library code: no typer or rich.
+
+For trajectory b with turn means ``m_0, ..., m_{K-1}`` (mean critic value over the turn's policy
+tokens), each turn k >= 1 gets a change::
+
+    reference "previous"      d_k = m_k - m_{k-1}                       (default)
+    reference "running_mean"  d_k = m_k - mean(m_0, ..., m_{k-1})      [ours]
+
+(the running mean is the unweighted mean of the previous turn means: each turn counts once, whatever
+its length). Over every scored turn of the whole data set::
+
+    z_k = (d_k - median(d)) / (1.4826 * MAD(d)),   MAD(d) = median(|d - median(d)|)
+
+the robust (modified) z of Iglewicz and Hoaglin (1993); 1.4826 makes ``1.4826 * MAD`` estimate the
+standard deviation of normal data. A turn is flagged when ``|z_k| > threshold`` (default 3.5, their
+recommended cut-off). When more than half of the changes are equal, ``MAD = 0``; the scale then falls
+back to ``1.2533 * mean(|d - median(d)|)`` (``sqrt(pi / 2)`` times the mean absolute deviation, again
+a normal-consistent estimate of the standard deviation; taken about the median [ours]); when that is 0
+too, every change is the same and the monitor has nothing to measure (:class:`InputError`).
+
+Per trajectory: the largest ``|z|`` (score of "any sharp change") and the most negative signed ``z``
+(a drop in value; scored as ``-min z`` so that larger means a larger drop). Each is compared with
+FAILURE (``success == False`` is the positive class) by the AUROC on the trajectories that carry a
+success label, with a seeded stratified bootstrap 95% interval. As a baseline the AUROC of the number
+of turns is reported too: the largest of more turns tends to be larger, and failed episodes are often
+longer, so a score is only interesting where it beats that baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from critic_audit.errors import ConfigError, InputError
+
+REFERENCES = ("previous", "running_mean")
+
+#: ``1 / Phi^{-1}(3/4)``: ``MAD * MAD_TO_SD`` estimates the standard deviation of normal data.
+MAD_TO_SD = 1.4826
+#: ``sqrt(pi / 2)``: ``mean |x - mu| * MEANAD_TO_SD`` estimates the standard deviation of normal data.
+MEANAD_TO_SD = 1.2533
+
+#: Reasons a trajectory gets no turn score (counted in :attr:`MonitorResult.summary`).
+SKIP_NO_POLICY_TOKENS = "no_policy_tokens"
+SKIP_FEWER_THAN_2_TURNS = "fewer_than_2_turns"
+SKIP_MISSING_VALUE = "missing_value"
+SKIP_NON_FINITE = "non_finite_value"
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorConfig:
+    """Options of the monitor.
+
+    Attributes:
+        threshold: flag a turn when its robust ``|z|`` exceeds this (dimensionless, > 0). Default 3.5,
+            the cut-off Iglewicz and Hoaglin recommend for the modified z.
+        reference: what "departs from the previous turns" means. ``"previous"`` (default): the change
+            from the previous turn's mean, ``m_k - m_{k-1}``. ``"running_mean"`` [ours]: the change from
+            the unweighted mean of all previous turn means, ``m_k - mean(m_0..m_{k-1})``.
+        n_boot: bootstrap resamples of the AUROC intervals (0: no interval).
+        seed: seed of ``numpy.random.default_rng`` for the bootstrap (same seed, same intervals).
+    """
+
+    threshold: float = 3.5
+    reference: str = "previous"
+    n_boot: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.threshold, (int, float)) and math.isfinite(self.threshold) and self.threshold > 0):
+            raise ConfigError(f"threshold must be a positive number, got {self.threshold!r}",
+                              fix="use e.g. --threshold 3.5")
+        if self.reference not in REFERENCES:
+            raise ConfigError(f"unknown reference {self.reference!r}",
+                              fix="use --reference previous or --reference running_mean")
+        if self.n_boot < 0:
+            raise ConfigError(f"n_boot must be >= 0, got {self.n_boot}", fix="use e.g. --bootstrap 2000")
+
+
+@dataclasses.dataclass
+class MonitorResult:
+    """Output of :func:`monitor`.
+
+    Attributes:
+        turn_scores: one row per scored turn (k >= 1), the table of :func:`turn_scores`.
+        flagged: the flagged turns, columns ``trajectory_id`` (str), ``turn`` (int32), ``z`` (float64),
+            sorted by ``|z|`` descending.
+        per_trajectory: one row per scored trajectory: ``trajectory_id``, ``n_turns`` (int64),
+            ``max_abs_z``, ``min_z`` (float64), ``n_flagged`` (int64), ``any_flag`` (bool), ``success``
+            (bool, null when unlabelled).
+        summary: counts, the robust centre and scale, the AUROCs with their intervals, precision and
+            recall of "any flag", notes and the config (JSON-serialisable: NaN becomes None).
+    """
+
+    turn_scores: pl.DataFrame
+    flagged: pl.DataFrame
+    per_trajectory: pl.DataFrame
+    summary: dict[str, Any]
+
+
+def turn_means(tokens: pl.DataFrame) -> pl.DataFrame:
+    """Mean critic value of each assistant turn over its policy tokens.
+
+    Args:
+        tokens: the tokens table (docs/tables.md): ``trajectory_id`` (str), ``turn`` (int, null for
+            non-policy tokens), ``response_mask`` (bool), ``value`` (float, may be null). Only rows with
+            ``response_mask`` true and a non-null ``turn`` count.
+
+    Returns:
+        One row per (trajectory_id, turn), sorted by both: ``trajectory_id`` (str), ``turn`` (int32),
+        ``n_tokens`` (int64, policy tokens of the turn that carry a value), ``mean_value`` (float64,
+        critic value units; null when no token of the turn has a value, NaN/inf when one is non-finite).
+
+    Raises:
+        InputError: a required column is missing.
+    """
+    missing = [c for c in ("trajectory_id", "turn", "response_mask", "value") if c not in tokens.columns]
+    if missing:
+        raise InputError(f"tokens table lacks column(s) {missing}", fix="pass a tokens table (docs/tables.md)")
+    return (
+        tokens.lazy()
+        .filter(pl.col("response_mask") & pl.col("turn").is_not_null())
+        .group_by("trajectory_id", "turn")
+        .agg(n_tokens=pl.col("value").is_not_null().sum().cast(pl.Int64),
+             mean_value=pl.col("value").cast(pl.Float64).mean())
+        .with_columns(pl.col("trajectory_id").cast(pl.String), pl.col("turn").cast(pl.Int32))
+        .sort("trajectory_id", "turn")
+        .collect()
+    )
+
+
+def robust_scale(d: np.ndarray) -> tuple[float, float, str]:
+    """Centre and scale of the robust z over a set of changes.
+
+    Args:
+        d: (n,) finite float changes (critic value units), n >= 1.
+
+    Returns:
+        ``(center, scale, method)``: ``center = median(d)``; ``scale = 1.4826 * MAD`` with
+        ``method = "mad"``, or, when ``MAD == 0``, ``scale = 1.2533 * mean(|d - median(d)|)`` with
+        ``method = "mean_abs_dev"``. ``z = (d - center) / scale``.
+
+    Raises:
+        InputError: ``d`` is empty, or every change equals the median (the critic is flat across
+            turns: no scale).
+    """
+    d = np.asarray(d, dtype=np.float64)
+    if d.size == 0:
+        raise InputError("no turn to score: no trajectory has 2 or more assistant turns with values",
+                         fix="monitor needs multi-turn trajectories scored by a critic")
+    center = float(np.median(d))
+    dev = np.abs(d - center)
+    mad = float(np.median(dev))
+    if mad > 0:
+        return center, MAD_TO_SD * mad, "mad"
+    mean_ad = float(dev.mean())
+    if mean_ad > 0:
+        return center, MEANAD_TO_SD * mean_ad, "mean_abs_dev"
+    raise InputError(
+        f"the critic is flat across turns: all {d.size} turn-mean changes equal {center:g}, so the robust z "
+        "has no scale", fix="check that the values come from a trained critic")
+
+
+def _valid_turns(means: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, str]]:
+    """Keep trajectories whose turn means are all finite and number >= 2; the others with a reason."""
+    per = means.group_by("trajectory_id").agg(
+        n=pl.len(),
+        missing=pl.col("mean_value").is_null().any(),
+        bad=(~pl.col("mean_value").is_finite()).any())
+    reason = (pl.when(pl.col("missing")).then(pl.lit(SKIP_MISSING_VALUE))
+              .when(pl.col("bad")).then(pl.lit(SKIP_NON_FINITE))
+              .when(pl.col("n") < 2).then(pl.lit(SKIP_FEWER_THAN_2_TURNS)))
+    per = per.with_columns(reason=reason)
+    skipped = per.filter(pl.col("reason").is_not_null())
+    keep = per.filter(pl.col("reason").is_null())["trajectory_id"]
+    return (means.filter(pl.col("trajectory_id").is_in(keep.implode())),
+            dict(zip(skipped["trajectory_id"].to_list(), skipped["reason"].to_list())))
+
+
+def _score(means: pl.DataFrame, config: MonitorConfig) -> tuple[pl.DataFrame, dict[str, Any], dict[str, str]]:
+    means, skipped = _valid_turns(means)
+    means = means.sort("trajectory_id", "turn")
+    prev = pl.col("mean_value").shift(1).over("trajectory_id")
+    if config.reference == "previous":
+        ref = prev
+    else:
+        # mean of the previous turn means: (cumulative sum up to k-1) / k, k = 0-based rank in trajectory
+        k = pl.int_range(pl.len()).over("trajectory_id")
+        ref = pl.col("mean_value").cum_sum().shift(1).over("trajectory_id") / k
+    df = (means.with_columns(reference=ref)
+          .filter(pl.col("reference").is_not_null())
+          .with_columns(delta=pl.col("mean_value") - pl.col("reference")))
+    center, scale, method = robust_scale(df["delta"].to_numpy())
+    df = df.with_columns(z=(pl.col("delta") - center) / scale).with_columns(
+        abs_z=pl.col("z").abs()).with_columns(flagged=pl.col("abs_z") > config.threshold)
+    df = df.select("trajectory_id", "turn", "n_tokens", "mean_value", "reference", "delta", "z", "abs_z", "flagged")
+    info = {"center": center, "scale": scale, "scale_method": method, "n_changes": df.height}
+    return df, info, skipped
+
+
+def turn_scores(turn_means_df: pl.DataFrame, *, config: MonitorConfig = MonitorConfig()) -> pl.DataFrame:
+    """Robust z of each turn's change in mean value (see the module docstring for the definitions).
+
+    Args:
+        turn_means_df: the table of :func:`turn_means`.
+        config: ``reference`` (how the change is taken) and ``threshold`` (flag cut-off) are used.
+
+    Returns:
+        One row per turn k >= 1 of each trajectory with 2 or more turns whose turn means are all
+        finite, sorted by ``(trajectory_id, turn)``: ``trajectory_id`` (str), ``turn`` (int32),
+        ``n_tokens`` (int64), ``mean_value`` (float64, m_k), ``reference`` (float64, m_{k-1} or the
+        running mean), ``delta`` (float64, d_k = mean_value - reference, value units), ``z`` (float64,
+        signed robust z, dimensionless), ``abs_z`` (float64), ``flagged`` (bool, ``abs_z > threshold``).
+        The median and MAD are taken over every ``delta`` of the table.
+
+    Raises:
+        InputError: no turn can be scored, or the critic is flat across turns (see :func:`robust_scale`).
+    """
+    return _score(turn_means_df, config)[0]
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``x``; tied values share the mean of the ranks they span."""
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    upper = np.cumsum(counts)  # rank of the last element of each tie block
+    return (upper - (counts - 1) / 2.0)[inv.reshape(-1)]
+
+
+def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the ROC curve of ``scores`` for the positive class ``labels == True``.
+
+    Computed as the Mann-Whitney U of the positives over the negatives, ``U = R_pos - n_pos (n_pos + 1)
+    / 2`` with ``R_pos`` the sum of the positives' average ranks (ties share the mean of their ranks),
+    divided by ``n_pos * n_neg``. Equivalently the probability that a random positive scores above a
+    random negative, counting a tie as one half: 1 is perfect separation, 0.5 chance (and all ties),
+    0 perfectly reversed.
+
+    Args:
+        scores: (n,) finite float scores (higher = more likely positive).
+        labels: (n,) bool; True is the positive class.
+
+    Returns:
+        The AUROC in [0, 1]; NaN when either class is empty.
+
+    Raises:
+        ValueError: shapes differ, or a score is not finite.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels, dtype=bool).reshape(-1)
+    if s.shape != y.shape:
+        raise ValueError(f"scores and labels must have one shape, got {s.shape} and {y.shape}")
+    if not np.isfinite(s).all():
+        raise ValueError("scores must be finite")
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    r_pos = float(_average_ranks(s)[y].sum())
+    return (r_pos - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
+
+
+def _auroc_resamples(codes: np.ndarray, n_codes: int, pos_idx: np.ndarray, neg_idx: np.ndarray) -> np.ndarray:
+    """AUROC of each resample. ``codes``: (n,) dense rank of each score (0..n_codes-1, equal scores one
+    code); ``pos_idx``: (B, n_pos) and ``neg_idx``: (B, n_neg) indices into ``codes``. For each resample,
+    ``U = sum over drawn positives of (#drawn negatives below + 0.5 #drawn negatives tied)``."""
+    B, n_neg = neg_idx.shape
+    n_pos = pos_idx.shape[1]
+    neg_codes = codes[neg_idx] + (np.arange(B) * n_codes)[:, None]
+    at = np.bincount(neg_codes.reshape(-1), minlength=B * n_codes).reshape(B, n_codes).astype(np.float64)
+    below = np.cumsum(at, axis=1) - at
+    pc = codes[pos_idx]
+    u = (np.take_along_axis(below, pc, axis=1) + 0.5 * np.take_along_axis(at, pc, axis=1)).sum(axis=1)
+    return u / (n_pos * n_neg)
+
+
+def bootstrap_auroc(scores: np.ndarray, labels: np.ndarray, *, n_boot: int = 2000, seed: int = 0,
+                    level: float = 0.95) -> tuple[float, float, float]:
+    """AUROC with a seeded percentile bootstrap interval over trajectories.
+
+    Each resample draws trajectories with replacement within each class (stratified, as pROC's default
+    for ``ci.auc``): the positives and the negatives keep their counts, so every resample has both
+    classes and the interval reflects the sampling of scores, not of the class balance.
+
+    Args:
+        scores: (n,) finite float per-trajectory scores.
+        labels: (n,) bool, True = positive class.
+        n_boot: resamples (0: no interval).
+        seed: seed of ``numpy.random.default_rng``; the same seed gives the same interval.
+        level: coverage of the interval.
+
+    Returns:
+        ``(estimate, low, high)``: all NaN when a class is empty; ``low``/``high`` NaN when ``n_boot == 0``.
+
+    Raises:
+        ValueError: as :func:`auroc`.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels, dtype=bool).reshape(-1)
+    est = auroc(s, y)
+    nan = float("nan")
+    if math.isnan(est) or n_boot <= 0:
+        return est, nan, nan
+    _, codes = np.unique(s, return_inverse=True)
+    codes = codes.reshape(-1)
+    n_codes = int(codes.max()) + 1
+    pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
+    rng = np.random.default_rng(seed)
+    out = np.empty(n_boot)
+    chunk = max(1, 2_000_000 // max(n_codes, s.size))
+    for st in range(0, n_boot, chunk):
+        e = min(n_boot, st + chunk)
+        pi = pos[rng.integers(0, pos.size, size=(e - st, pos.size))]
+        ni = neg[rng.integers(0, neg.size, size=(e - st, neg.size))]
+        out[st:e] = _auroc_resamples(codes, n_codes, pi, ni)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(out, [alpha, 1 - alpha])
+    return est, float(lo), float(hi)
+
+
+def _num(x: Any) -> Any:
+    """JSON-safe float: NaN and inf become None."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _auroc_entry(scores: np.ndarray, labels: np.ndarray, score: str, config: MonitorConfig, seed_offset: int) -> dict:
+    est, lo, hi = bootstrap_auroc(scores, labels, n_boot=config.n_boot, seed=config.seed + seed_offset)
+    ci = None if math.isnan(lo) else [_num(lo), _num(hi)]
+    return {"score": score, "estimate": _num(est), "ci95": ci}
+
+
+def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorConfig = MonitorConfig()) -> MonitorResult:
+    """Score every turn by the robust z of its change in value and measure how well it predicts failure.
+
+    Args:
+        trajectories: the trajectories table (``trajectory_id`` str; ``success`` bool, null when
+            unknown); trajectories absent from it are treated as unlabelled.
+        tokens: the tokens table with critic values on the policy tokens (docs/tables.md).
+        config: see :class:`MonitorConfig`.
+
+    Returns:
+        A :class:`MonitorResult`. Its ``summary`` holds ``counts`` (``trajectories_read``,
+        ``trajectories_scored``, ``turns_scored``, ``flagged_turns``, ``flagged_trajectories``,
+        ``labelled``, ``failures``, ``skipped`` by reason), ``robust`` (``center``, ``scale``,
+        ``scale_method``), ``auroc`` (``max_abs_z``, ``largest_drop`` = ``-min z``, ``num_turns``
+        baseline; each ``{"score", "estimate", "ci95"}``, null without both outcomes among the labelled
+        trajectories), ``any_flag`` (``precision`` = P(failure | flagged), ``recall`` = P(flagged |
+        failure), ``flag_rate``, ``failure_rate``), ``notes`` and ``config``.
+
+    Raises:
+        InputError: the tokens carry no critic value on any policy token; no trajectory has 2 or more
+            scored turns; the critic is flat across turns.
+    """
+    means = turn_means(tokens)
+    if means.height == 0:
+        raise InputError("the tokens table has no assistant (policy) tokens",
+                         fix="pass an audit folder written by critic-audit analyze")
+    if means["n_tokens"].sum() == 0:
+        raise InputError("the tokens table carries no critic value on any policy token",
+                         fix="score it first: critic-audit analyze ... --critic CRITIC_FOLDER")
+    scores, robust, skipped = _score(means, config)
+
+    per = (scores.group_by("trajectory_id")
+           .agg(max_abs_z=pl.col("abs_z").max(), min_z=pl.col("z").min(),
+                n_flagged=pl.col("flagged").sum().cast(pl.Int64))
+           .join(means.group_by("trajectory_id").agg(n_turns=pl.len().cast(pl.Int64)), on="trajectory_id")
+           .with_columns(any_flag=pl.col("n_flagged") > 0))
+    labels = trajectories.select(pl.col("trajectory_id").cast(pl.String),
+                                 pl.col("success").cast(pl.Boolean) if "success" in trajectories.columns
+                                 else pl.lit(None, dtype=pl.Boolean).alias("success")).unique("trajectory_id")
+    per = (per.join(labels, on="trajectory_id", how="left")
+           .select("trajectory_id", "n_turns", "max_abs_z", "min_z", "n_flagged", "any_flag", "success")
+           .sort("trajectory_id"))
+    flagged = (scores.filter(pl.col("flagged")).sort("abs_z", "trajectory_id", "turn", descending=[True, False, False])
+               .select("trajectory_id", "turn", "z"))
+
+    # trajectories known to the tables but without policy tokens
+    known = set(labels["trajectory_id"].to_list()) | set(tokens["trajectory_id"].cast(pl.String).unique().to_list())
+    with_turns = set(means["trajectory_id"].to_list())
+    reasons: dict[str, int] = {}
+    for r in list(skipped.values()) + [SKIP_NO_POLICY_TOKENS] * len(known - with_turns):
+        reasons[r] = reasons.get(r, 0) + 1
+
+    lab = per.filter(pl.col("success").is_not_null())
+    fail = (~lab["success"]).to_numpy().astype(bool)
+    notes: list[str] = []
+    n_fail = int(fail.sum())
+    n_succ = lab.height - n_fail
+    if lab.height == 0:
+        notes.append("no scored trajectory carries a success label: AUROC, precision and recall are null")
+    elif n_fail == 0 or n_succ == 0:
+        notes.append(f"the labelled trajectories are all {'successes' if n_fail == 0 else 'failures'}: "
+                     "AUROC is null (it needs both outcomes)")
+    if config.n_boot == 0:
+        notes.append("no bootstrap (n_boot = 0): AUROCs without interval")
+    auc = {
+        "max_abs_z": _auroc_entry(lab["max_abs_z"].to_numpy(), fail, "max |z| over the trajectory's turns", config, 0),
+        "largest_drop": _auroc_entry(-lab["min_z"].to_numpy(), fail, "-min z (the largest drop in value)", config, 1),
+        "num_turns": _auroc_entry(lab["n_turns"].to_numpy().astype(np.float64), fail,
+                                  "number of turns (baseline, no critic)", config, 2),
+    }
+    flag = lab["any_flag"].to_numpy().astype(bool)
+    tp = int((flag & fail).sum())
+    any_flag = {
+        "precision": _num(tp / flag.sum()) if flag.sum() else None,
+        "recall": _num(tp / n_fail) if n_fail else None,
+        "flag_rate": _num(flag.mean()) if flag.size else None,
+        "failure_rate": _num(n_fail / lab.height) if lab.height else None,
+        "flagged_labelled": int(flag.sum()),
+        "flagged_failures": tp,
+    }
+    summary = {
+        "counts": {
+            "trajectories_read": len(known),
+            "trajectories_scored": per.height,
+            "turns_scored": scores.height,
+            "flagged_turns": flagged.height,
+            "flagged_trajectories": int(per["any_flag"].sum()),
+            "labelled": lab.height,
+            "failures": n_fail,
+            "skipped": dict(sorted(reasons.items())),
+        },
+        "robust": {"center": _num(robust["center"]), "scale": _num(robust["scale"]),
+                   "scale_method": robust["scale_method"]},
+        "auroc": auc,
+        "any_flag": any_flag,
+        "notes": notes,
+        "config": dataclasses.asdict(config),
+    }
+    return MonitorResult(turn_scores=scores, flagged=flagged, per_trajectory=per, summary=summary)
+
+
+def load_audit_folder(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Read an output folder of ``critic-audit analyze`` (``tokens.parquet``, ``trajectories.parquet``).
+
+    Returns:
+        ``(trajectories, tokens)`` as :func:`critic_audit.workflow.read_tables` returns them.
+
+    Raises:
+        InputError: the folder is missing, is not a folder, or has no ``tokens.parquet``; a table
+            cannot be read. SchemaError: a table breaks its schema.
+    """
+    from critic_audit.workflow import read_tables
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such folder", path=p, fix="pass the --out folder of critic-audit analyze")
+    if not p.is_dir():
+        raise InputError("not a folder", path=p, fix="pass the --out folder of critic-audit analyze")
+    if not (p / "tokens.parquet").exists():
+        raise InputError("no tokens.parquet in the folder", path=p,
+                         fix="pass the --out folder of critic-audit analyze")
+    trajectories, tokens, _ = read_tables(p)
+    return trajectories, tokens
+
+
+def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> Path:
+    """Write ``df`` to ``path`` as Parquet through a temporary sibling and ``os.replace``: a reader
+    never sees a partial file and an interrupted write leaves the previous file intact.
+
+    Raises:
+        InputError: the parent folder cannot be created or written.
+    """
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-", dir=p.parent)
+    except OSError as e:
+        raise InputError(f"cannot write ({e.strerror or e})", path=p, fix="choose a writable --out path") from None
+    os.close(fd)
+    try:
+        df.write_parquet(tmp)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
