@@ -275,6 +275,77 @@ def build_critic(
     out.print(f"wrote critic {path}")
 
 
+@app.command()
+def monitor(
+    folder: Annotated[Path, typer.Argument(help="Output folder of critic-audit analyze (tokens.parquet with values, trajectories.parquet).", show_default=False)],
+    threshold: Annotated[float, typer.Option(help="Flag a turn when its robust |z| exceeds this (Iglewicz-Hoaglin: 3.5).")] = 3.5,
+    reference: Annotated[str, typer.Option(help="Change from: previous (the previous turn's mean) or running_mean (the mean of all previous turn means).")] = "previous",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary (and the top flagged turns) as JSON.")] = False,
+    scores_out: Annotated[Optional[Path], typer.Option("--out", help="Write the per-turn scores to this Parquet file (atomically).")] = None,
+    top: Annotated[int, typer.Option(help="Flagged turns to list (largest |z| first).")] = 20,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the AUROC 95% intervals.")] = 2000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """Score each turn by the robust z of its change in critic value and measure how well it predicts failure."""
+    try:
+        from critic_audit.analysis.monitor import MonitorConfig, load_audit_folder, write_parquet_atomic
+        from critic_audit.analysis.monitor import monitor as run_monitor
+
+        cfg = MonitorConfig(threshold=threshold, reference=reference, n_boot=bootstrap, seed=seed)
+        trajectories, tokens = load_audit_folder(folder)
+        res = run_monitor(trajectories, tokens, cfg)
+        if scores_out is not None:
+            write_parquet_atomic(res.turn_scores, scores_out)
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001 - every error becomes one line
+        _fail(e)
+        return
+    s = res.summary
+    top_rows = res.flagged.head(max(top, 0)).join(res.per_trajectory.select("trajectory_id", "success"),
+                                                  on="trajectory_id", how="left", maintain_order="left")
+    if as_json:
+        sys.stdout.write(json.dumps({**s, "top_flagged": top_rows.to_dicts()}, indent=2, default=str) + "\n")
+        return
+
+    def auc(d: dict) -> str:
+        if d["estimate"] is None:
+            return "n/a"
+        return f"{d['estimate']:.3f}" + (f"  [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]" if d["ci95"] else "")
+
+    c, r, a, f = s["counts"], s["robust"], s["auroc"], s["any_flag"]
+    t = Table(title=f"critic-audit monitor: turn-value change as a failure signal (reference: {reference})")
+    t.add_column("measure")
+    t.add_column("value (95% CI)", justify="right")
+    t.add_row("trajectories scored / read", f"{c['trajectories_scored']} / {c['trajectories_read']}")
+    if c["skipped"]:
+        t.add_row("skipped", ", ".join(f"{k}: {v}" for k, v in c["skipped"].items()))
+    t.add_row("turns scored (k >= 1)", str(c["turns_scored"]))
+    t.add_row(f"flagged turns (|z| > {threshold:g}) / trajectories", f"{c['flagged_turns']} / {c['flagged_trajectories']}")
+    t.add_row("robust centre / scale of the change", f"{r['center']:.4g} / {r['scale']:.4g} ({r['scale_method']})")
+    t.add_row("labelled trajectories / failures", f"{c['labelled']} / {c['failures']}")
+    t.add_row("AUROC for failure: max |z|", auc(a["max_abs_z"]))
+    t.add_row("AUROC for failure: largest drop (-min z)", auc(a["largest_drop"]))
+    t.add_row("AUROC for failure: number of turns (baseline)", auc(a["num_turns"]))
+    t.add_row("any flag: precision / recall for failure",
+              f"{_fmt(f['precision'])} / {_fmt(f['recall'])} (failure rate {_fmt(f['failure_rate'])})")
+    out.print(t)
+    for note in s["notes"]:
+        out.print(f"note: {_escape(note)}")
+    if top_rows.height:
+        ft = Table(title=f"top {top_rows.height} of {c['flagged_turns']} flagged turns")
+        for col in ("trajectory", "turn", "z", "success"):
+            ft.add_column(col, justify="left" if col == "trajectory" else "right")
+        for row in top_rows.iter_rows(named=True):
+            ft.add_row(_escape(row["trajectory_id"]), str(row["turn"]), f"{row['z']:+.2f}",
+                       "n/a" if row["success"] is None else str(row["success"]))
+        out.print(ft)
+    elif c["flagged_turns"] == 0:
+        out.print(f"no turn flagged at |z| > {threshold:g}")
+    if scores_out is not None:
+        out.print(f"wrote {scores_out} (per-turn scores)")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
