@@ -1,0 +1,309 @@
+"""`critic-audit monitor`: robust z of the turn-mean change, AUROC against failure, the CLI."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from critic_audit.analysis.monitor import (
+    MonitorConfig,
+    _auroc_resamples,
+    auroc,
+    bootstrap_auroc,
+    monitor,
+    robust_scale,
+    turn_means,
+    turn_scores,
+)
+from critic_audit.cli import app
+from critic_audit.errors import ConfigError, InputError
+
+runner = CliRunner()
+
+TOKEN_DTYPES = {"trajectory_id": pl.String, "position": pl.Int32, "token_id": pl.Int32, "role": pl.String,
+                "turn": pl.Int32, "response_mask": pl.Boolean, "value": pl.Float32}
+
+
+def tokens_from_means(means: dict[str, list[float]], *, per_turn: int = 2, spread: float = 0.25,
+                      user_tokens: int = 2) -> pl.DataFrame:
+    """A tokens table whose turn k of trajectory t has mean ``means[t][k]`` (values m -/+ spread),
+    with a user message (no value on the policy side, null turn) before every assistant turn."""
+    rows = []
+    for tid, ms in means.items():
+        pos = 0
+        for k, m in enumerate(ms):
+            for _ in range(user_tokens):
+                rows.append((tid, pos, 7, "user", None, False, None if pos == 0 else 99.0))
+                pos += 1
+            offs = np.linspace(-spread, spread, per_turn) if per_turn > 1 else [0.0]
+            for o in offs:
+                rows.append((tid, pos, 5, "assistant", k, True, m + o))
+                pos += 1
+    return pl.DataFrame(rows, schema=TOKEN_DTYPES, orient="row")
+
+
+# Turn means of the hand-computed case.
+MEANS = {"A": [0.0, 1.0, 3.0], "B": [5.0, 5.0, 4.0, 10.0], "C": [2.0, 2.5]}
+
+
+def test_turn_means():
+    tm = turn_means(tokens_from_means(MEANS, per_turn=4))
+    assert tm.columns == ["trajectory_id", "turn", "n_tokens", "mean_value"]
+    assert tm.schema["turn"] == pl.Int32 and tm.schema["mean_value"] == pl.Float64
+    assert tm.height == 9 and tm["n_tokens"].to_list() == [4] * 9  # user tokens (value 99) are ignored
+    assert tm["mean_value"].to_list() == pytest.approx([m for ms in MEANS.values() for m in ms], abs=1e-6)
+
+
+def test_robust_z_by_hand_previous():
+    # d_k = m_k - m_{k-1}:  A: 1, 2   B: 0, -1, 6   C: 0.5
+    # sorted d = [-1, 0, 0.5, 1, 2, 6]            -> median = (0.5 + 1) / 2 = 0.75
+    # |d - 0.75| = [0.25, 1.25, 0.75, 1.75, 5.25, 0.25]
+    #   sorted = [0.25, 0.25, 0.75, 1.25, 1.75, 5.25] -> MAD = (0.75 + 1.25) / 2 = 1.0
+    # scale = 1.4826 * 1.0;  z(6) = 5.25 / 1.4826 = 3.5411 > 3.5 (flagged); z(-1) = -1.75 / 1.4826 = -1.1804
+    sc = turn_scores(turn_means(tokens_from_means(MEANS)))
+    assert sc["trajectory_id"].to_list() == ["A", "A", "B", "B", "B", "C"]
+    assert sc["turn"].to_list() == [1, 2, 1, 2, 3, 1]
+    assert sc["delta"].to_list() == pytest.approx([1, 2, 0, -1, 6, 0.5], abs=1e-6)
+    expect = [(d - 0.75) / 1.4826 for d in (1, 2, 0, -1, 6, 0.5)]
+    assert sc["z"].to_list() == pytest.approx(expect, abs=1e-5)
+    assert sc["z"][4] == pytest.approx(3.54108, abs=1e-4)
+    assert sc["abs_z"].to_list() == pytest.approx([abs(z) for z in expect], abs=1e-5)
+    assert sc["flagged"].to_list() == [False, False, False, False, True, False]
+    # a threshold just above z(6) flags nothing
+    assert not turn_scores(turn_means(tokens_from_means(MEANS)), config=MonitorConfig(threshold=3.6))["flagged"].any()
+
+
+def test_robust_z_by_hand_running_mean():
+    # d_k = m_k - mean(m_0..m_{k-1}):  A: 1 - 0 = 1, 3 - 0.5 = 2.5
+    #   B: 5 - 5 = 0, 4 - 5 = -1, 10 - 14/3 = 5.3333   C: 0.5
+    # sorted d = [-1, 0, 0.5, 1, 2.5, 5.3333]      -> median = 0.75
+    # |d - 0.75| sorted = [0.25, 0.25, 0.75, 1.75, 1.75, 4.5833] -> MAD = (0.75 + 1.75) / 2 = 1.25
+    sc = turn_scores(turn_means(tokens_from_means(MEANS)), config=MonitorConfig(reference="running_mean"))
+    d = [1, 2.5, 0, -1, 10 - 14 / 3, 0.5]
+    assert sc["delta"].to_list() == pytest.approx(d, abs=1e-5)
+    assert sc["reference"].to_list() == pytest.approx([0, 0.5, 5, 5, 14 / 3, 2], abs=1e-5)
+    assert sc["z"].to_list() == pytest.approx([(x - 0.75) / (1.4826 * 1.25) for x in d], abs=1e-5)
+    assert not sc["flagged"].any()
+
+
+def test_mad_zero_falls_back_to_mean_abs_dev():
+    # d = [0, 0, 0, 0, 1]: median 0, MAD 0; mean |d - 0| = 0.2 -> scale = 1.2533 * 0.2 = 0.25066
+    center, scale, method = robust_scale(np.array([0, 0, 0, 0, 1.0]))
+    assert (center, method) == (0.0, "mean_abs_dev")
+    assert scale == pytest.approx(0.25066)
+    tok = tokens_from_means({"a": [1, 1, 1], "b": [2, 2, 2], "c": [0, 1]})
+    sc = turn_scores(turn_means(tok))
+    assert sc["z"].to_list() == pytest.approx([0, 0, 0, 0, 1 / 0.25066], abs=1e-4)
+    assert sc["flagged"].to_list() == [False] * 4 + [True]
+
+
+def test_flat_critic_raises():
+    with pytest.raises(InputError, match="flat"):
+        turn_scores(turn_means(tokens_from_means({"a": [1, 2, 3], "b": [0, 1]})))  # every change is +1
+    with pytest.raises(InputError, match="2 or more"):
+        turn_scores(turn_means(tokens_from_means({"a": [1.0], "b": [2.0]})))
+
+
+def test_skips_single_turn_and_missing_values():
+    tok = tokens_from_means({**MEANS, "single": [1.0], "holey": [1.0, 2.0, 3.0]})
+    tok = tok.with_columns(value=pl.when((pl.col("trajectory_id") == "holey") & (pl.col("turn") == 1))
+                           .then(None).otherwise(pl.col("value")))
+    traj = pl.DataFrame({"trajectory_id": ["A", "B", "C", "single", "holey", "no_tokens"],
+                         "success": [True, False, None, True, False, True]})
+    res = monitor(traj, tok, MonitorConfig(n_boot=50))
+    c = res.summary["counts"]
+    assert c["skipped"] == {"fewer_than_2_turns": 1, "missing_value": 1, "no_policy_tokens": 1}
+    assert c["trajectories_read"] == 6 and c["trajectories_scored"] == 3 and c["turns_scored"] == 6
+    assert res.turn_scores["z"].to_list() == pytest.approx([(d - 0.75) / 1.4826 for d in (1, 2, 0, -1, 6, 0.5)],
+                                                           abs=1e-5)
+
+
+# --- AUROC -----------------------------------------------------------------------------------------
+
+def brute_auroc(s, y):
+    pos = [a for a, b in zip(s, y) if b]
+    neg = [a for a, b in zip(s, y) if not b]
+    if not pos or not neg:
+        return float("nan")
+    tot = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p in pos for n in neg)
+    return tot / (len(pos) * len(neg))
+
+
+def test_auroc_golden():
+    assert auroc([3, 4, 5, 0, 1, 2], [True] * 3 + [False] * 3) == 1.0
+    assert auroc([3, 4, 5, 0, 1, 2], [False] * 3 + [True] * 3) == 0.0
+    assert auroc([1.0] * 6, [True, False] * 3) == 0.5
+    # positives [1, 2, 2], negatives [2, 0]. All scores [1, 2, 2, 2, 0]: ranks 0->1, 1->2, 2,2,2 -> 4 (avg of
+    # 3, 4, 5). R_pos = 2 + 4 + 4 = 10; U = 10 - 3 * 4 / 2 = 4; AUROC = 4 / (3 * 2) = 2/3.
+    # Pairwise: (1,2) 0, (1,0) 1, (2,2) .5, (2,0) 1, (2,2) .5, (2,0) 1 -> 4 / 6.
+    assert auroc([1, 2, 2, 2, 0], [True, True, True, False, False]) == pytest.approx(2 / 3)
+    assert math.isnan(auroc([1, 2], [True, True]))
+    with pytest.raises(ValueError):
+        auroc([1, float("nan")], [True, False])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-5, 5), st.booleans()), min_size=1, max_size=40))
+def test_auroc_matches_pairwise(data):
+    s = [float(a) / 2 for a, _ in data]  # small integer grid: many ties
+    y = [b for _, b in data]
+    got, want = auroc(s, y), brute_auroc(s, y)
+    assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, abs=1e-12)
+
+
+def test_vectorized_resamples_match_auroc():
+    rng = np.random.default_rng(3)
+    s = rng.integers(0, 6, size=30).astype(float)
+    y = rng.random(30) < 0.4
+    _, codes = np.unique(s, return_inverse=True)
+    pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
+    pi = pos[rng.integers(0, pos.size, size=(25, pos.size))]
+    ni = neg[rng.integers(0, neg.size, size=(25, neg.size))]
+    got = _auroc_resamples(codes, int(codes.max()) + 1, pi, ni)
+    want = [auroc(np.r_[s[a], s[b]], np.r_[np.ones(a.size, bool), np.zeros(b.size, bool)]) for a, b in zip(pi, ni)]
+    assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_bootstrap_reproducible():
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=80)
+    y = s + rng.normal(size=80) > 0
+    a = bootstrap_auroc(s, y, n_boot=500, seed=7)
+    assert a == bootstrap_auroc(s, y, n_boot=500, seed=7)
+    assert a != bootstrap_auroc(s, y, n_boot=500, seed=8)
+    est, lo, hi = a
+    assert est == auroc(s, y) and lo <= est <= hi and 0 <= lo < hi <= 1
+    est0, lo0, hi0 = bootstrap_auroc(s, y, n_boot=0)
+    assert est0 == est and math.isnan(lo0) and math.isnan(hi0)
+
+
+# --- synthetic: failures carry a value drop at a random turn --------------------------------------
+
+def synthetic(n: int = 200, seed: int = 0, drop: float = 0.5):
+    rng = np.random.default_rng(seed)
+    means, success = {}, {}
+    for i in range(n):
+        k_n = int(rng.integers(3, 10))
+        steps = rng.normal(0.0, 0.05, size=k_n)
+        steps[0] = rng.normal(0.4, 0.1)
+        ok = bool(rng.random() < 0.5)
+        if not ok:
+            steps[int(rng.integers(1, k_n))] -= drop
+        means[f"t{i:03d}"] = list(np.cumsum(steps))
+        success[f"t{i:03d}"] = ok
+    tok = tokens_from_means(means, per_turn=6, spread=0.02)
+    traj = pl.DataFrame({"trajectory_id": list(success), "success": list(success.values()),
+                         "reward": [float(v) for v in success.values()]})
+    return traj, tok
+
+
+@pytest.mark.parametrize("reference", ["previous", "running_mean"])
+def test_injected_drop_detected(reference):
+    traj, tok = synthetic()
+    res = monitor(traj, tok, MonitorConfig(reference=reference, n_boot=300, seed=1))
+    a = res.summary["auroc"]
+    assert a["max_abs_z"]["estimate"] > 0.9 and a["largest_drop"]["estimate"] > 0.9
+    lo, hi = a["max_abs_z"]["ci95"]
+    assert lo <= a["max_abs_z"]["estimate"] <= hi
+    assert 0.3 < a["num_turns"]["estimate"] < 0.7  # the baseline knows nothing here
+    f = res.summary["any_flag"]
+    assert f["precision"] > 0.8 and f["recall"] > 0.8
+    assert res.flagged["z"].min() < -3.5  # the drops are negative z
+    # per-trajectory scores agree with the turn table
+    per = res.per_trajectory
+    g = res.turn_scores.group_by("trajectory_id").agg(pl.col("abs_z").max()).sort("trajectory_id")
+    assert per["max_abs_z"].to_list() == pytest.approx(g["abs_z"].to_list())
+    json.dumps(res.summary, allow_nan=False)
+
+
+def test_no_drop_is_chance():
+    traj, tok = synthetic(drop=0.0, seed=5)
+    a = monitor(traj, tok, MonitorConfig(n_boot=300)).summary["auroc"]
+    lo, hi = a["max_abs_z"]["ci95"]
+    assert lo < 0.5 < hi
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError):
+        MonitorConfig(threshold=0)
+    with pytest.raises(ConfigError):
+        MonitorConfig(reference="last")
+    with pytest.raises(ConfigError):
+        MonitorConfig(n_boot=-1)
+
+
+# --- CLI -------------------------------------------------------------------------------------------
+
+def write_folder(path: Path, traj: pl.DataFrame, tok: pl.DataFrame) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    tok.write_parquet(path / "tokens.parquet")
+    traj.write_parquet(path / "trajectories.parquet")
+    return path
+
+
+def _run(*args):
+    return runner.invoke(app, ["monitor", *[str(a) for a in args]])
+
+
+def _assert_one_line_error(res, *needles):
+    assert res.exit_code == 1, res.output
+    text = res.stderr if hasattr(res, "stderr") else res.output
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), text
+    assert "Traceback" not in text
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def test_cli_table_json_and_out(tmp_path):
+    traj, tok = synthetic(n=80, seed=2)
+    folder = write_folder(tmp_path / "audit", traj, tok)
+    res = _run(folder, "--top", 3, "--bootstrap", 100)
+    assert res.exit_code == 0, res.output
+    assert "AUROC for failure: max |z|" in res.stdout and "largest drop" in res.stdout
+    assert "top 3 of" in res.stdout
+
+    out = tmp_path / "sub" / "scores.parquet"
+    res = _run(folder, "--json", "--bootstrap", 100, "--reference", "running_mean", "--threshold", 4,
+               "--out", out)
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["config"] == {"threshold": 4.0, "reference": "running_mean", "n_boot": 100, "seed": 0}
+    assert s["auroc"]["max_abs_z"]["estimate"] > 0.9
+    assert len(s["top_flagged"]) == min(20, s["counts"]["flagged_turns"])
+    assert all(abs(r["z"]) > 4 for r in s["top_flagged"])
+    written = pl.read_parquet(out)
+    assert written.height == s["counts"]["turns_scored"]
+    assert {"trajectory_id", "turn", "delta", "z", "abs_z", "flagged"} <= set(written.columns)
+    assert [p.name for p in out.parent.iterdir()] == ["scores.parquet"]  # no temporary left behind
+
+
+def test_cli_without_success_labels(tmp_path):
+    traj, tok = synthetic(n=40, seed=3)
+    folder = write_folder(tmp_path / "a", traj.with_columns(success=pl.lit(None, dtype=pl.Boolean)), tok)
+    res = _run(folder, "--json", "--bootstrap", 50)
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert all(v["estimate"] is None and v["ci95"] is None for v in s["auroc"].values())
+    assert s["any_flag"]["precision"] is None and any("success label" in n for n in s["notes"])
+    res = _run(folder, "--bootstrap", 50)
+    assert res.exit_code == 0 and "note:" in res.stdout and "n/a" in res.stdout
+
+
+def test_cli_bad_inputs(tmp_path):
+    _assert_one_line_error(_run(tmp_path / "missing"), "no such folder")
+    (tmp_path / "empty").mkdir()
+    _assert_one_line_error(_run(tmp_path / "empty"), "no tokens.parquet")
+    traj, tok = synthetic(n=10)
+    folder = write_folder(tmp_path / "novalues", traj, tok.with_columns(value=pl.lit(None, dtype=pl.Float32)))
+    _assert_one_line_error(_run(folder), "no critic value")
+    flat = write_folder(tmp_path / "flat", traj, tok.with_columns(value=pl.lit(0.5, dtype=pl.Float32)))
+    _assert_one_line_error(_run(flat), "flat")
+    good = write_folder(tmp_path / "good", traj, tok)
+    _assert_one_line_error(_run(good, "--reference", "last"), "unknown reference")
