@@ -307,3 +307,15 @@ def test_cli_bad_inputs(tmp_path):
     _assert_one_line_error(_run(flat), "flat")
     good = write_folder(tmp_path / "good", traj, tok)
     _assert_one_line_error(_run(good, "--reference", "last"), "unknown reference")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(-100, 100), st.floats(0.01, 100), st.integers(0, 10_000))
+def test_z_invariant_to_shift_and_scale_of_values(shift, scale, seed):
+    # z is a ratio of differences of turn means: an affine map v -> a + b v (b > 0) leaves it unchanged.
+    rng = np.random.default_rng(seed)
+    means = {f"t{i}": list(rng.normal(size=int(rng.integers(2, 6)))) for i in range(8)}
+    tok = tokens_from_means(means, per_turn=3, spread=0.1)
+    base = turn_scores(turn_means(tok.with_columns(pl.col("value").cast(pl.Float64))))
+    moved = turn_scores(turn_means(tok.with_columns(pl.col("value").cast(pl.Float64) * scale + shift)))
+    assert moved["z"].to_list() == pytest.approx(base["z"].to_list(), abs=1e-6 * (1 + abs(shift) / scale))
