@@ -1,4 +1,4 @@
-"""Between-turn / within-turn decomposition of critic values, per trajectory (vectorized).
+"""Between-turn / within-turn decomposition of critic values, per trajectory (single-pass kernel).
 
 Definitions: ``shared/spec/AUDIT.md``; the measurement comes from the MPO paper (arXiv:2610.35013),
 the statistics are the one-way ANOVA decomposition with turns as groups (eta-squared, omega-squared,
@@ -23,12 +23,28 @@ population variances; (c) ``F > 1``.
 Boundary jumps: for consecutive selected tokens of one trajectory, ``|v_{i+1} - v_i|`` is a *within*
 step when both are in one turn and a *boundary* step otherwise.
 
-Everything is computed with ``numpy.bincount`` over flat arrays (no Python loop over trajectories) in
-float64, with per-trajectory centring before squaring (two passes), so values far from zero do not lose
-precision.
+Two implementations compute the same per-trajectory sums with the same operations in the same order
+(float64 accumulation), so they give identical results, bit for bit:
+
+* a numba kernel, used when ``numba`` is importable. The tokens are sorted by trajectory and turns are
+  contiguous, so a trajectory is a slice and a turn a sub-slice: per turn, pass A sums the values and
+  the within-turn steps (and finds where the turn ends), pass B sums the squares about the turn mean
+  while the turn is in cache (two-pass, so values far from zero keep their precision). Turns are
+  then merged in order: the weighted turn means with Chan et al.'s pairwise update
+  (``SS_B += delta^2 n_a n_b / (n_a + n_b)``, no cancellation), the unweighted turn means with
+  Welford's update (reading b); ``SS_T = SS_B + SS_W``. Chunks of trajectories run in parallel
+  (``prange``). The arrays are read from memory once, in their own dtypes (int32/int64 indices,
+  float32/float64 values), and nothing of size N is allocated: extra memory is O(B).
+* a pure-numpy fallback (``numpy.bincount`` over flat arrays, the merge over turns as a loop over
+  the turn rank vectorized over trajectories). It allocates several float64 temporaries of size N.
+
+Set ``CRITIC_AUDIT_NO_NUMBA=1`` before import to force the fallback. Flat critic (every value of a
+trajectory identical) is detected exactly: all consecutive steps are 0.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import polars as pl
@@ -39,31 +55,267 @@ EXCLUDE_NON_FINITE = "non_finite_value"
 EXCLUDE_SINGLE_TURN = "single_turn"
 EXCLUDE_FLAT = "flat_critic"
 
+# Per-trajectory sums both implementations produce, in this order (float64):
+#   0 N (tokens), 1 K (turns), 2 sum v, 3 SS_B (Chan merge of the turn means), 4 SS_W,
+#   5 sum n_k^2, 6 M2 of the unweighted turn means (Welford), 7 sum SS_W,k / n_k,
+#   8 boundary |step| sum, 9 within |step| sum, 10 n boundary steps, 11 n within steps,
+#   12 has a non-finite value (0/1).
+_NSUMS = 13
 
-def _segment_codes(traj: np.ndarray, seg: np.ndarray) -> np.ndarray:
-    """Group code per token: a new group starts wherever the trajectory or the segment changes."""
+try:  # pragma: no branch
+    if os.environ.get("CRITIC_AUDIT_NO_NUMBA", "") not in ("", "0"):
+        raise ImportError("disabled by CRITIC_AUDIT_NO_NUMBA")
+    import numba
+    from numba import njit, prange
+
+    HAVE_NUMBA = True
+except ImportError:  # numba missing (or disabled): the numpy fallback is used
+    numba = None
+    HAVE_NUMBA = False
+
+
+if HAVE_NUMBA:
+
+    @njit(cache=True, nogil=True)
+    def _nb_one(traj_id, seg, v, s, e, out):  # pragma: no cover - compiled
+        """Sums of one trajectory, tokens ``[s, e)``, into ``out[traj_id]`` (layout: ``_NSUMS``).
+
+        Per turn ``[i, j)``: pass A (sum, within steps, finds the turn's end), pass B (squares about
+        the turn mean, the turn being in L1 cache). Turns are merged with Chan et al.'s pairwise update
+        (weighted, for SS_B) and Welford's (unweighted turn means, for reading b). Same operations in
+        the same order as :func:`_sums_numpy`.
+        """
+        total = 0.0
+        ss_w = 0.0
+        sum_n2 = 0.0
+        sum_wv = 0.0
+        b_abs = 0.0
+        w_abs = 0.0
+        na = 0.0  # Chan: tokens merged so far, their mean, SS_B so far
+        ma = 0.0
+        ss_b = 0.0
+        mu = 0.0  # Welford over turn means
+        m2u = 0.0
+        k = 0
+        prev = 0.0
+        i = s
+        while i < e:
+            sg = seg[i]
+            x = np.float64(v[i])
+            if i > s:
+                b_abs += abs(x - prev)
+            sv = 0.0
+            sv += x
+            j = i + 1
+            while j < e and seg[j] == sg:  # pass A
+                y = np.float64(v[j])
+                sv += y
+                w_abs += abs(y - x)
+                x = y
+                j += 1
+            prev = x
+            n_g = np.float64(j - i)
+            mk = sv / n_g
+            ss_g = 0.0
+            for t in range(i, j):  # pass B
+                r = np.float64(v[t]) - mk
+                ss_g += r * r
+            total += sv
+            ss_w += ss_g
+            sum_n2 += n_g * n_g
+            sum_wv += ss_g / n_g
+            k += 1
+            if k == 1:
+                na = n_g
+                ma = mk
+                mu = mk
+            else:
+                nn = na + n_g
+                delta = mk - ma
+                ma = ma + delta * (n_g / nn)
+                ss_b = ss_b + delta * delta * (na * n_g / nn)
+                na = nn
+                dm = mk - mu
+                mu = mu + dm / np.float64(k)
+                m2u = m2u + dm * (mk - mu)
+            i = j
+        bad = False
+        if not np.isfinite(total):  # a NaN/inf value, or an overflow of finite ones: look
+            for t in range(s, e):
+                if not np.isfinite(v[t]):
+                    bad = True
+                    break
+        o = out[traj_id]
+        o[0] = e - s
+        o[1] = k
+        o[2] = total
+        o[3] = ss_b
+        o[4] = ss_w
+        o[5] = sum_n2
+        o[6] = m2u
+        o[7] = sum_wv
+        o[8] = b_abs
+        o[9] = w_abs
+        o[10] = k - 1
+        o[11] = e - s - k
+        o[12] = 1.0 if bad else 0.0
+
+    @njit(cache=True, parallel=True)
+    def _nb_sums(traj, seg, v, out, nchunks):  # pragma: no cover - compiled
+        """Fill ``out`` (B, _NSUMS) for tokens sorted by ``traj``; chunks of trajectories in parallel."""
+        n = traj.shape[0]
+        bounds = np.empty(nchunks + 1, dtype=np.int64)
+        bounds[nchunks] = n
+        for c in prange(nchunks):  # chunk c starts at the first trajectory start at or after c*n/nchunks
+            i = (c * n) // nchunks
+            while i > 0 and i < n and traj[i] == traj[i - 1]:
+                i += 1
+            bounds[c] = i
+        for c in prange(nchunks):
+            i = bounds[c]
+            end = bounds[c + 1]
+            while i < end:
+                t = traj[i]
+                j = i + 1
+                while j < end and traj[j] == t:
+                    j += 1
+                _nb_one(t, seg, v, i, j, out)
+                i = j
+
+    @njit(cache=True, parallel=True)
+    def _nb_sorted(traj, nchunks):  # pragma: no cover - compiled
+        """True when ``traj`` is non-decreasing (checked in parallel chunks, no temporaries)."""
+        n = traj.shape[0]
+        ok = np.ones(nchunks, dtype=np.bool_)
+        for c in prange(nchunks):
+            lo = max((c * n) // nchunks, 1)
+            hi = ((c + 1) * n) // nchunks
+            for i in range(lo, hi):
+                if traj[i] < traj[i - 1]:
+                    ok[c] = False
+                    break
+        return ok.all()
+
+
+def _nchunks(n: int) -> int:
+    threads = numba.get_num_threads() if HAVE_NUMBA else 1
+    return int(max(1, min(16 * threads, n // 16384)))
+
+
+def _sums_numba(traj: np.ndarray, seg: np.ndarray, v: np.ndarray, B: int) -> np.ndarray:
+    """Per-trajectory sums (B, _NSUMS) with the numba kernel; arrays sorted by ``traj``."""
+    out = np.zeros((B, _NSUMS), dtype=np.float64)
+    if traj.size:
+        _nb_sums(traj, seg, v, out, _nchunks(traj.size))
+    return out
+
+
+def _sums_numpy(traj: np.ndarray, seg: np.ndarray, v: np.ndarray, B: int) -> np.ndarray:
+    """Per-trajectory sums (B, _NSUMS) with ``numpy.bincount``; arrays sorted by ``traj``.
+
+    The same operations in the same order as the numba kernel (``bincount`` accumulates in index
+    order); the sequential merge over turns is a loop over the turn rank k, vectorized over the
+    trajectories that have more than k turns (O(total turns + max K)).
+    """
+    traj = np.asarray(traj, dtype=np.int64)
+    seg = np.asarray(seg, dtype=np.int64)
+    v = np.asarray(v, dtype=np.float64)
     n = traj.shape[0]
-    change = np.empty(n, dtype=bool)
-    if n:
-        change[0] = True
-        np.not_equal(traj[1:], traj[:-1], out=change[1:])
-        change[1:] |= seg[1:] != seg[:-1]
-    return np.cumsum(change, dtype=np.int64) - 1
+    out = np.zeros((B, _NSUMS), dtype=np.float64)
+    if n == 0:
+        return out
+    first = np.empty(n, dtype=bool)  # first token of each turn (group)
+    first[0] = True
+    np.not_equal(traj[1:], traj[:-1], out=first[1:])
+    first[1:] |= seg[1:] != seg[:-1]
+    g = np.cumsum(first, dtype=np.int64) - 1
+    G = int(g[-1] + 1)
+    g_traj = traj[first]
+    n_g = np.bincount(g, minlength=G).astype(np.float64)
+    K = np.bincount(g_traj, minlength=B)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        s_g = np.bincount(g, weights=v, minlength=G)
+        m_g = s_g / n_g
+        r = v - m_g[g]
+        ss_g = np.bincount(g, weights=r * r, minlength=G)
+        del r
+        out[:, 0] = np.bincount(traj, minlength=B)
+        out[:, 1] = K
+        out[:, 2] = np.bincount(g_traj, weights=s_g, minlength=B)
+        out[:, 4] = np.bincount(g_traj, weights=ss_g, minlength=B)
+        out[:, 5] = np.bincount(g_traj, weights=n_g * n_g, minlength=B)
+        out[:, 7] = np.bincount(g_traj, weights=ss_g / n_g, minlength=B)
+        # Sequential merge over turns (Chan for SS_B, Welford for the unweighted turn means).
+        g_start = np.concatenate([[0], np.cumsum(K)[:-1]])  # first group of each trajectory
+        order = np.argsort(-K, kind="stable")  # trajectories by decreasing K: actives are a prefix
+        k_desc = K[order]
+        t0 = order[: int(np.count_nonzero(k_desc > 0))]
+        na = np.zeros(B)
+        ma = np.zeros(B)
+        ss_b = np.zeros(B)
+        mu = np.zeros(B)
+        m2u = np.zeros(B)
+        na[t0] = n_g[g_start[t0]]
+        ma[t0] = m_g[g_start[t0]]
+        mu[t0] = ma[t0]
+        for k in range(1, int(K.max())):
+            act = order[: int(np.count_nonzero(k_desc > k))]
+            gi = g_start[act] + k
+            nb, mb, na_a, ma_a = n_g[gi], m_g[gi], na[act], ma[act]
+            nn = na_a + nb
+            delta = mb - ma_a
+            ma[act] = ma_a + delta * (nb / nn)
+            ss_b[act] = ss_b[act] + delta * delta * (na_a * nb / nn)
+            na[act] = nn
+            mu_a = mu[act]
+            dm = mb - mu_a
+            mu_a = mu_a + dm / np.float64(k + 1)
+            mu[act] = mu_a
+            m2u[act] = m2u[act] + dm * (mb - mu_a)
+        out[:, 3] = ss_b
+        out[:, 6] = m2u
+        # Boundary vs within steps between consecutive tokens of one trajectory.
+        same_traj = traj[1:] == traj[:-1]
+        step = np.abs(np.diff(v))
+        boundary = same_traj & first[1:]
+        within = same_traj & ~first[1:]
+        t_step = traj[1:]
+        out[:, 8] = np.bincount(t_step[boundary], weights=step[boundary], minlength=B)
+        out[:, 9] = np.bincount(t_step[within], weights=step[within], minlength=B)
+        out[:, 10] = np.bincount(t_step[boundary], minlength=B)
+        out[:, 11] = np.bincount(t_step[within], minlength=B)
+    finite = np.isfinite(v)
+    if not finite.all():
+        out[:, 12] = np.bincount(traj[~finite], minlength=B) > 0
+    return out
+
+
+def _as_kernel_array(x, kinds: tuple, default) -> np.ndarray:
+    """A contiguous array in one of the kernel's dtypes (no copy when it already is one)."""
+    x = np.asarray(x)
+    if x.dtype not in kinds:
+        x = x.astype(default)
+    return np.ascontiguousarray(x)
 
 
 def decompose(traj: np.ndarray, seg: np.ndarray, values: np.ndarray, num_trajectories: int | None = None) -> pl.DataFrame:
     """Per-trajectory decomposition of values into between-segment and within-segment variance.
 
     Args:
-        traj: (N,) int trajectory index in ``[0, B)`` of each selected token.
-        seg: (N,) int segment (turn) index of each token within its trajectory. Tokens of one
-            segment must be contiguous once sorted by ``(traj, position)``.
-        values: (N,) float critic values ``V_t`` of the selected tokens (any float dtype; computed in
-            float64). Non-finite values exclude their trajectory.
+        traj: (N,) int trajectory index in ``[0, B)`` of each selected token (int32 or int64 are read
+            in place; other integer dtypes are converted to int64).
+        seg: (N,) int segment (turn) index of each token within its trajectory (int32 or int64 read in
+            place). A turn is a maximal run of equal ``seg`` within a trajectory (K = the number of
+            runs), so the tokens of one turn must be contiguous once sorted by ``(traj, position)``.
+        values: (N,) float critic values ``V_t`` of the selected tokens (float32 or float64 read in
+            place, other dtypes converted; computed in float64). Non-finite values exclude their
+            trajectory.
         num_trajectories: B; default ``traj.max() + 1``.
 
     The arrays must be in ``(traj, position)`` order (as the tokens table is stored); when ``traj`` is
-    not non-decreasing they are sorted stably by ``traj``.
+    not non-decreasing they are sorted stably by ``traj`` (a copy of all three arrays). With sorted
+    input and the numba kernel, memory beyond the inputs is O(B), and the work is one read of the
+    arrays (both cores via ``prange``); the numpy fallback allocates about 10 float64 arrays of size N.
 
     Returns:
         A DataFrame with B rows (row b = trajectory b) and columns ``n_tokens`` (N), ``n_turns`` (K),
@@ -71,91 +323,71 @@ def decompose(traj: np.ndarray, seg: np.ndarray, values: np.ndarray, num_traject
         ``icc1``, ``var_turn_means``, ``mean_within_var``, ``reading_a``, ``reading_b``, ``reading_c``,
         ``boundary_abs``, ``within_abs``, ``n_boundary_steps``, ``n_within_steps``, ``boundary_share``,
         ``boundary_ratio``, ``excluded`` (null when included, else one of ``no_tokens``,
-        ``non_finite_value``, ``single_turn``, ``flat_critic``). Statistics of excluded trajectories are
-        null. ``omega2``, ``f_stat`` and ``icc1`` are NaN when N == K (no within-turn degrees of freedom).
+        ``non_finite_value``, ``single_turn``, ``flat_critic``, in that priority). Statistics of
+        excluded trajectories are null. ``omega2``, ``f_stat`` and ``icc1`` are NaN when N == K (no
+        within-turn degrees of freedom).
+
+    Raises:
+        ValueError: the three arrays differ in shape, or a trajectory index is outside ``[0, B)``.
     """
-    traj = np.asarray(traj, dtype=np.int64)
-    seg = np.asarray(seg, dtype=np.int64)
-    v = np.asarray(values, dtype=np.float64)
-    if not (traj.shape == seg.shape == v.shape):
-        raise ValueError(f"traj, seg and values must have one shape, got {traj.shape}, {seg.shape}, {v.shape}")
-    B = int(num_trajectories if num_trajectories is not None else (traj.max() + 1 if traj.size else 0))
-    if traj.size and np.any(traj[1:] < traj[:-1]):
+    use_numba = HAVE_NUMBA
+    ints = (np.dtype(np.int32), np.dtype(np.int64)) if use_numba else (np.dtype(np.int64),)
+    floats = (np.dtype(np.float32), np.dtype(np.float64)) if use_numba else (np.dtype(np.float64),)
+    traj = _as_kernel_array(traj, ints, np.int64)
+    seg = _as_kernel_array(seg, ints, np.int64)
+    v = _as_kernel_array(values, floats, np.float64)
+    if not (traj.shape == seg.shape == v.shape) or traj.ndim != 1:
+        raise ValueError(f"traj, seg and values must have one 1-d shape, got {traj.shape}, {seg.shape}, {v.shape}")
+    n = traj.shape[0]
+    if use_numba:
+        is_sorted = bool(_nb_sorted(traj, _nchunks(n))) if n > 1 else True
+    else:
+        is_sorted = not (n > 1 and np.any(traj[1:] < traj[:-1]))
+    if not is_sorted:
         order = np.argsort(traj, kind="stable")
         traj, seg, v = traj[order], seg[order], v[order]
+    lo, hi = (int(traj[0]), int(traj[-1])) if n else (0, -1)
+    B = int(num_trajectories if num_trajectories is not None else hi + 1)
+    if n and (lo < 0 or hi >= B):
+        raise ValueError(f"trajectory indices must lie in [0, {B}), got [{lo}, {hi}]")
+    sums = _sums_numba(traj, seg, v, B) if use_numba else _sums_numpy(traj, seg, v, B)
+    return _finish(sums)
 
-    finite = np.isfinite(v)
-    bad_traj = np.bincount(traj[~finite], minlength=B) > 0 if not finite.all() else np.zeros(B, bool)
-    v = np.where(finite, v, 0.0)
 
-    g = _segment_codes(traj, seg)
-    G = int(g[-1] + 1) if g.size else 0
-    # trajectory of each group (first token of the group)
-    first = np.ones(traj.shape[0], dtype=bool)
-    if traj.size:
-        first[1:] = g[1:] != g[:-1]
-    g_traj = traj[first]
-
-    N = np.bincount(traj, minlength=B).astype(np.float64)
-    K = np.bincount(g_traj, minlength=B).astype(np.float64)
-    n_g = np.bincount(g, minlength=G).astype(np.float64)
+def _finish(sums: np.ndarray) -> pl.DataFrame:
+    """The statistics DataFrame of :func:`decompose` from the per-trajectory sums (B, _NSUMS)."""
+    N, K, total, ss_b, ss_w, sum_n2, m2u, sum_wv, b_abs, w_abs = (sums[:, i] for i in range(10))
+    n_b, n_w = sums[:, 10].astype(np.int64), sums[:, 11].astype(np.int64)
+    bad_traj = sums[:, 12] != 0
+    # Flat critic (every value of the trajectory identical) <=> every step between consecutive
+    # values is exactly 0 (a difference of two distinct floats is never 0; the sums add non-negatives).
+    flat = (b_abs == 0) & (w_abs == 0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        m = np.bincount(traj, weights=v, minlength=B) / N
-        d = v - m[traj]  # centred on the trajectory mean (two-pass)
-        md_g = np.bincount(g, weights=d, minlength=G) / n_g  # turn mean minus grand mean
-        r = d - md_g[g]  # deviation from the turn mean
-        ss_t = np.bincount(traj, weights=d * d, minlength=B)
-        ss_w_g = np.bincount(g, weights=r * r, minlength=G)
-        ss_w = np.bincount(g_traj, weights=ss_w_g, minlength=B)
-        ss_b = np.bincount(g_traj, weights=n_g * md_g * md_g, minlength=B)
-
+        m = total / N
+        ss_t = ss_b + ss_w
         eta2 = ss_b / ss_t
         ms_b = ss_b / (K - 1)
         ms_w = np.where(N > K, ss_w / (N - K), np.nan)
         f_stat = ms_b / ms_w
         omega2 = (ss_b - (K - 1) * ms_w) / (ss_t + ms_w)
-        sum_n2 = np.bincount(g_traj, weights=n_g * n_g, minlength=B)
         n0 = (N - sum_n2 / N) / (K - 1)
         icc1 = (ms_b - ms_w) / (ms_b + (n0 - 1) * ms_w)
         # (b): unweighted population variance of turn means vs mean within-turn population variance
-        mean_md = np.bincount(g_traj, weights=md_g, minlength=B) / K
-        var_turn_means = np.bincount(g_traj, weights=md_g * md_g, minlength=B) / K - mean_md * mean_md
-        var_turn_means = np.maximum(var_turn_means, 0.0)
-        mean_within_var = np.bincount(g_traj, weights=ss_w_g / n_g, minlength=B) / K
-
-    # Boundary vs within steps between consecutive selected tokens of one trajectory.
-    if traj.size > 1:
-        same_traj = traj[1:] == traj[:-1]
-        step = np.abs(np.diff(v))
-        boundary = same_traj & (g[1:] != g[:-1])
-        within = same_traj & ~boundary
-        t_step = traj[1:]
-        b_abs = np.bincount(t_step[boundary], weights=step[boundary], minlength=B)
-        w_abs = np.bincount(t_step[within], weights=step[within], minlength=B)
-        n_b = np.bincount(t_step[boundary], minlength=B)
-        n_w = np.bincount(t_step[within], minlength=B)
-    else:
-        b_abs = w_abs = np.zeros(B)
-        n_b = n_w = np.zeros(B, dtype=np.int64)
-    with np.errstate(invalid="ignore", divide="ignore"):
+        var_turn_means = m2u / K
+        mean_within_var = sum_wv / K
         boundary_share = b_abs / (b_abs + w_abs)
         boundary_ratio = (b_abs / n_b) / (w_abs / n_w)
 
-    # Flat critic: every value of the trajectory identical (exact test via max - min).
-    flat = np.zeros(B, dtype=bool)
-    if traj.size:
-        starts = np.flatnonzero(np.r_[True, traj[1:] != traj[:-1]])
-        present = traj[starts]
-        vmax = np.maximum.reduceat(v, starts)
-        vmin = np.minimum.reduceat(v, starts)
-        flat[present] = vmax == vmin
-
-    reason = np.full(B, None, dtype=object)
-    reason[flat] = EXCLUDE_FLAT
-    reason[K < 2] = EXCLUDE_SINGLE_TURN
-    reason[bad_traj] = EXCLUDE_NON_FINITE
-    reason[N == 0] = EXCLUDE_NO_TOKENS
-    incl = np.array([r is None for r in reason])
+    B = sums.shape[0]
+    code = np.zeros(B, dtype=np.int8)  # 0 included; later assignments take priority
+    code[flat] = 4
+    code[K < 2] = 3
+    code[bad_traj] = 2
+    code[N == 0] = 1
+    incl = code == 0
+    reasons = [None, EXCLUDE_NO_TOKENS, EXCLUDE_NON_FINITE, EXCLUDE_SINGLE_TURN, EXCLUDE_FLAT]
+    excluded = pl.Series("excluded", code).replace_strict(
+        list(range(5)), reasons, return_dtype=pl.String)
 
     def stat(x: np.ndarray) -> np.ndarray:
         return np.where(incl, x, np.nan)
@@ -176,11 +408,11 @@ def decompose(traj: np.ndarray, seg: np.ndarray, values: np.ndarray, num_traject
             "mean_within_var": stat(mean_within_var),
             "boundary_abs": stat(b_abs),
             "within_abs": stat(w_abs),
-            "n_boundary_steps": n_b.astype(np.int64),
-            "n_within_steps": n_w.astype(np.int64),
+            "n_boundary_steps": n_b,
+            "n_within_steps": n_w,
             "boundary_share": stat(boundary_share),
             "boundary_ratio": stat(boundary_ratio),
-            "excluded": pl.Series(list(reason), dtype=pl.String),
+            "excluded": excluded,
         }
     )
     nan_cols = [c for c, t in df.schema.items() if t == pl.Float64]
