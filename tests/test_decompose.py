@@ -188,3 +188,86 @@ def test_explained_variance():
     # values 0.25/0.75: residual variance 0.0625 vs 0.25 -> 0.75
     assert explained_variance(np.array([0.25, 0.25, 0.75, 0.75]), r) == pytest.approx(0.75)
     assert math.isnan(explained_variance(r, np.ones(4)))
+
+
+# --- the numba kernel and the numpy fallback -------------------------------------------------------
+
+import critic_audit.analysis.decompose as decompose_mod  # noqa: E402
+import polars as pl  # noqa: E402
+from polars.testing import assert_frame_equal  # noqa: E402
+
+needs_numba = pytest.mark.skipif(not decompose_mod.HAVE_NUMBA, reason="numba not installed")
+
+
+def _both_paths(monkeypatch, *args, **kw):
+    """decompose through the numba kernel and through the numpy fallback."""
+    fast = decompose(*args, **kw)
+    monkeypatch.setattr(decompose_mod, "HAVE_NUMBA", False)
+    slow = decompose(*args, **kw)
+    monkeypatch.undo()
+    return fast, slow
+
+
+special_st = st.one_of(values_st, st.sampled_from([0.0, -0.0, 1.0, 1e6 + 0.001, math.nan, math.inf, 3e38]))
+
+
+@needs_numba
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.lists(special_st, min_size=1, max_size=6), min_size=1, max_size=5), max_size=8),
+       st.integers(0, 3), st.sampled_from([np.float32, np.float64]), st.sampled_from([np.int32, np.int64]))
+def test_numba_and_numpy_paths_identical(trajs, extra, vdtype, idtype):
+    # bit-identical frames: same sums in the same order (flat, single-turn, non-finite, empty included)
+    trajs = trajs or [[[1.0]]]
+    traj = np.concatenate([np.full(sum(len(t) for t in tr), b) for b, tr in enumerate(trajs)]).astype(idtype)
+    seg = np.concatenate([np.full(len(t), k) for tr in trajs for k, t in enumerate(tr)]).astype(idtype)
+    v = np.concatenate([np.asarray(t, float) for tr in trajs for t in tr]).astype(vdtype)
+    with pytest.MonkeyPatch.context() as mp:
+        fast, slow = _both_paths(mp, traj, seg, v, num_trajectories=len(trajs) + extra)
+    assert_frame_equal(fast, slow, check_exact=True)
+
+
+@needs_numba
+def test_numba_paths_large_random(monkeypatch):
+    # many trajectories, parallel chunks, trajectories longer than a chunk, unsorted input
+    rng = np.random.default_rng(5)
+    lens = rng.integers(1, 3000, 400)
+    lens[7] = 200_000  # longer than a parallel chunk
+    traj = np.repeat(np.arange(lens.size, dtype=np.int32), lens)
+    seg = np.cumsum(rng.random(traj.size) < 0.01).astype(np.int32)
+    v = (rng.normal(size=traj.size) + rng.normal(size=lens.size)[traj] * 3 + 100).astype(np.float32)
+    fast, slow = _both_paths(monkeypatch, traj, seg, v, num_trajectories=lens.size + 2)
+    assert_frame_equal(fast, slow, check_exact=True)
+    # dtypes: int64/float64 copies give the same frame
+    assert_frame_equal(decompose(traj.astype(np.int64), seg.astype(np.int64), v.astype(np.float64),
+                                 num_trajectories=lens.size + 2), fast, check_exact=True)
+    # unsorted input: sorted stably by trajectory first
+    order = rng.permutation(lens.size)
+    idx = np.concatenate([np.flatnonzero(traj == b) for b in order[:50]])
+    sub = decompose(traj[idx], seg[idx], v[idx], num_trajectories=lens.size)
+    keep = np.isin(np.arange(lens.size), order[:50])
+    assert_frame_equal(sub.filter(pl.Series(keep)), fast.head(lens.size).filter(pl.Series(keep)), check_exact=True)
+
+
+def test_flat_and_non_finite_detection_exact():
+    # float64 values whose float sum rounds: still flat; 1 ulp apart: not flat
+    x = 0.1 + 0.2
+    traj = np.zeros(6, int)
+    seg = np.array([0, 0, 0, 1, 1, 1])
+    assert decompose(traj, seg, np.full(6, x))["excluded"][0] == "flat_critic"
+    v = np.full(6, x)
+    v[4] = np.nextafter(x, 1.0)
+    assert decompose(traj, seg, v)["excluded"][0] is None
+    # finite float64 values whose sum overflows are not "non-finite"; an inf value is
+    big = np.array([1e308, 1e308, -1e308, 1.0])
+    assert decompose(np.zeros(4, int), np.array([0, 0, 1, 1]), big)["excluded"][0] != "non_finite_value"
+    big[3] = np.inf
+    assert decompose(np.zeros(4, int), np.array([0, 0, 1, 1]), big)["excluded"][0] == "non_finite_value"
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="one 1-d shape"):
+        decompose(np.zeros(3, int), np.zeros(2, int), np.zeros(3))
+    with pytest.raises(ValueError, match="must lie in"):
+        decompose(np.array([0, 5]), np.zeros(2, int), np.zeros(2), num_trajectories=3)
+    empty = decompose(np.zeros(0, int), np.zeros(0, int), np.zeros(0), num_trajectories=2)
+    assert empty["excluded"].to_list() == ["no_tokens", "no_tokens"]
