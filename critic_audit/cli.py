@@ -142,7 +142,8 @@ def analyze(
     scope: Annotated[str, typer.Option(help="assistant: policy tokens only; all: every token, non-assistant runs as their own groups.")] = "assistant",
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the 95% intervals.")] = 2000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the plots.")] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the plots and the report.")] = False,
+    group_by: Annotated[Optional[list[str]], typer.Option("--group-by", help="Also break the numbers down by this trajectory column (repeatable).")] = None,
     dtype: Dtype = "auto",
     device: Device = "auto",
     token_budget: TokenBudget = 16384,
@@ -175,7 +176,7 @@ def analyze(
             success_threshold=success_threshold, require_reward=not no_reward)
         template = _read_template(chat_template)
         tcfg = TokenizeConfig(max_length=max_length, overlong=overlong, chat_template=template)
-        acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed)
+        acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed, group_by=tuple(group_by or ()))
         scoring = None if critic is None else ScoringConfig(
             critic=str(critic), device=device, dtype=dtype, token_budget=token_budget,
             trust_remote_code=trust_remote_code)
@@ -192,7 +193,9 @@ def analyze(
         sys.stdout.write(json.dumps(s, indent=2, default=str) + "\n")
     else:
         out.print(_summary_table(s))
-        out.print(f"wrote {res.out_dir}/ (summary.json, trajectories.parquet, tokens.parquet, plots/)")
+        rec = s.get("recommendation") or {}
+        out.print(f"[bold]recommendation ({rec.get('verdict')}):[/bold] {_escape(rec.get('text', ''))}")
+        out.print(f"wrote {res.out_dir}/ (summary.json, report.md, report.html, trajectories.parquet, tokens.parquet, plots/)")
 
 
 def _read_template(path: Optional[Path]) -> Optional[str]:
@@ -344,6 +347,23 @@ def monitor(
         out.print(f"no turn flagged at |z| > {threshold:g}")
     if scores_out is not None:
         out.print(f"wrote {scores_out} (per-turn scores)")
+
+
+@app.command()
+def plot(
+    folder: Annotated[Path, typer.Argument(help="An output folder written by critic-audit analyze.")],
+) -> None:
+    """Re-render the plots and reports of a saved audit folder (no critic needed)."""
+    try:
+        from critic_audit.report import rerender
+
+        path = rerender(folder)
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+        return
+    out.print(f"re-rendered {path}/plots, report.md, report.html")
 
 
 def main() -> None:

@@ -105,3 +105,145 @@ def plot_eta2_hist(per_trajectory: pl.DataFrame, out: str | Path | None = None, 
     fig.tight_layout()
     _save(fig, out)
     return fig
+
+
+def plot_value_grid(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: str | Path | None = None,
+                    per_class: int = 3) -> Figure:
+    """Figure-2 grid: value traces of up to ``per_class`` successes (left) and failures (right).
+
+    Trajectories are the included ones closest to their class's median number of turns (ties by id).
+    """
+    inc = per_trajectory.filter(pl.col("excluded").is_null())
+    cols = {}
+    for label, flag in (("success", True), ("failure", False)):
+        part = inc.filter(pl.col("success") == flag)
+        if part.height:
+            med = float(part["n_turns"].median())
+            part = part.with_columns(_d=(pl.col("n_turns") - med).abs()).sort(["_d", "trajectory_id"])
+        cols[label] = part["trajectory_id"].head(per_class).to_list()
+    rows = max(1, max(len(v) for v in cols.values()))
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 2.2 * rows + 0.6), squeeze=False)
+    for c, label in enumerate(("success", "failure")):
+        for r in range(rows):
+            ax = axes[r][c]
+            if r >= len(cols[label]):
+                ax.set_axis_off()
+                continue
+            tid = cols[label][r]
+            t = tokens.filter((pl.col("trajectory_id") == tid) & pl.col("response_mask")).sort("position")
+            pos, val, turn = t["position"].to_numpy(), t["value"].cast(pl.Float64).to_numpy(), t["turn"].to_numpy()
+            for k in np.unique(turn):
+                sel = turn == k
+                ax.axvspan(pos[sel].min() - 0.5, pos[sel].max() + 0.5, color=TURN_COLORS[int(k) % 2], lw=0)
+                ax.plot(pos[sel], val[sel], color="#1f4e79" if label == "success" else "#a83232", lw=0.8)
+            row = per_trajectory.filter(pl.col("trajectory_id") == tid).row(0, named=True)
+            ax.set_title(f"{label}: {tid} (K={row['n_turns']}, eta2={row['eta2']:.2f})", fontsize=8)
+            ax.tick_params(labelsize=7)
+    fig.suptitle("Critic value along trajectories, assistant turns shaded (successes left, failures right)")
+    fig.tight_layout()
+    _save(fig, out)
+    return fig
+
+
+def plot_eta2_ecdf(per_trajectory: pl.DataFrame, by: str = "success", out: str | Path | None = None) -> Figure:
+    """Empirical CDF of per-trajectory eta2, one curve per value of the trajectory column ``by``."""
+    inc = per_trajectory.filter(pl.col("excluded").is_null() & pl.col("eta2").is_not_null())
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in inc[by].unique().sort(nulls_last=True).to_list() if by in inc.columns else [None]:
+        part = inc if by not in inc.columns else inc.filter(pl.col(by).is_null() if key is None else pl.col(by) == key)
+        x = np.sort(part["eta2"].to_numpy())
+        if x.size == 0:
+            continue
+        ax.step(np.r_[0.0, x], np.r_[0.0, np.arange(1, x.size + 1) / x.size], where="post",
+                label=f"{by}={key} (n={x.size})")
+    ax.axvline(0.5, color="grey", ls=":", lw=0.8)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("eta2 (share of value variance between turns)")
+    ax.set_ylabel("fraction of trajectories <= x")
+    ax.set_title(f"eta2 ECDF by {by}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, out)
+    return fig
+
+
+def plot_eta2_box(per_trajectory: pl.DataFrame, by: str = "checkpoint", out: str | Path | None = None) -> Figure:
+    """Box plot of per-trajectory eta2 per value of ``by`` (checkpoint, critic, source...), in sorted order."""
+    inc = per_trajectory.filter(pl.col("excluded").is_null() & pl.col("eta2").is_not_null())
+    keys = inc[by].unique().sort(nulls_last=True).to_list() if by in inc.columns else []
+    data = [inc.filter(pl.col(by).is_null() if k is None else pl.col(by) == k)["eta2"].to_numpy() for k in keys]
+    fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(keys) + 2), 4))
+    if data:
+        ax.boxplot(data, tick_labels=[str(k) for k in keys], showmeans=True)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(by)
+    ax.set_ylabel("eta2 per trajectory")
+    ax.set_title(f"eta2 by {by}")
+    fig.tight_layout()
+    _save(fig, out)
+    return fig
+
+
+def step_sizes(tokens: pl.DataFrame, included: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``|V_{i+1} - V_i|`` between consecutive policy tokens: (boundary steps, within-turn steps)."""
+    t = tokens.filter(pl.col("response_mask"))
+    if included is not None:
+        t = t.filter(pl.col("trajectory_id").is_in(pl.Series(included, dtype=pl.String).implode()))
+    t = t.sort(["trajectory_id", "position"]).select(
+        step=(pl.col("value").cast(pl.Float64).diff().abs()).over("trajectory_id"),
+        boundary=(pl.col("turn") != pl.col("turn").shift(1)).over("trajectory_id"),
+    ).drop_nulls()
+    return (t.filter(pl.col("boundary"))["step"].to_numpy(), t.filter(~pl.col("boundary"))["step"].to_numpy())
+
+
+def plot_step_distributions(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: str | Path | None = None) -> Figure:
+    """Histograms (density) of boundary and within-turn value steps over the included trajectories."""
+    inc = per_trajectory.filter(pl.col("excluded").is_null())["trajectory_id"].to_list()
+    b, w = step_sizes(tokens, inc)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    hi = float(np.quantile(np.r_[b, w], 0.99)) if (b.size + w.size) else 1.0
+    bins = np.linspace(0, hi if hi > 0 else 1.0, 40)
+    if w.size:
+        ax.hist(w, bins=bins, density=True, alpha=0.6, label=f"within turn (n={w.size}, mean {w.mean():.3g})")
+    if b.size:
+        ax.hist(b, bins=bins, density=True, alpha=0.6, label=f"turn boundary (n={b.size}, mean {b.mean():.3g})")
+    ax.set_xlabel("|V_{t+1} - V_t| between consecutive policy tokens")
+    ax.set_ylabel("density")
+    ax.set_title("Value steps at turn boundaries vs inside turns")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, out)
+    return fig
+
+
+def turn_position_means(tokens: pl.DataFrame, per_trajectory: pl.DataFrame) -> pl.DataFrame:
+    """Mean (and standard error) over trajectories of the turn-mean value, by turn index k and success."""
+    inc = per_trajectory.filter(pl.col("excluded").is_null()).select("trajectory_id", "success")
+    tm = (tokens.filter(pl.col("response_mask"))
+          .group_by("trajectory_id", "turn").agg(m=pl.col("value").cast(pl.Float64).mean())
+          .join(inc, on="trajectory_id", how="inner"))
+    return (tm.group_by("success", "turn")
+            .agg(mean=pl.col("m").mean(), se=pl.col("m").std() / pl.len().sqrt(), n=pl.len())
+            .sort("success", "turn"))
+
+
+def plot_turn_position(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: str | Path | None = None) -> Figure:
+    """Mean value by turn position k, successes vs failures, with +-1 standard error bands."""
+    df = turn_position_means(tokens, per_trajectory)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for flag, color in ((True, "#1f4e79"), (False, "#a83232")):
+        part = df.filter(pl.col("success") == flag)
+        if part.height == 0:
+            continue
+        k, m, se = part["turn"].to_numpy(), part["mean"].to_numpy(), part["se"].fill_null(0).to_numpy()
+        ax.plot(k, m, marker="o", ms=3, color=color, label=f"success={flag}")
+        ax.fill_between(k, m - se, m + se, color=color, alpha=0.15)
+    ax.set_xlabel("assistant turn k")
+    ax.set_ylabel("mean of turn-mean value")
+    ax.set_title("Critic value by turn position")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, out)
+    return fig

@@ -170,7 +170,8 @@ def analyze(
 
     The output folder (replaced only once everything is written) holds ``summary.json``,
     ``trajectories.parquet`` (per-trajectory statistics), ``tokens.parquet`` (canonical tokens table
-    with values), ``config.json`` (the resolved configuration) and ``plots/``.
+    with values), ``config.json`` (the resolved configuration), ``plots/``, ``report.md`` and a
+    self-contained ``report.html``.
 
     Raises:
         InputError, SchemaError, TemplateError, CheckpointError, ConfigError: bad input or options.
@@ -256,12 +257,9 @@ def analyze(
         result.per_trajectory.write_parquet(tmp / "trajectories.parquet")
         tokens.write_parquet(tmp / "tokens.parquet")
         if plots:
-            from critic_audit.plots import plot_eta2_hist, plot_value_traces
-            import matplotlib.pyplot as plt
+            from critic_audit.report import render_folder
 
-            for fig in (plot_value_traces(tokens, result.per_trajectory, tmp / "plots" / "value_traces"),
-                        plot_eta2_hist(result.per_trajectory, tmp / "plots" / "eta2_hist")):
-                plt.close(fig)
+            render_folder(tmp, tokens, result.per_trajectory, result.summary)
         _publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

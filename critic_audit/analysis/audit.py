@@ -35,12 +35,26 @@ class AuditConfig:
         n_boot: bootstrap resamples for the 95% intervals.
         seed: seed of the bootstrap (same seed, same intervals).
         turn_buckets: upper edges (inclusive) of the number-of-turns buckets of the breakdown.
+        group_by: extra trajectory columns to break every headline number down by (``success``,
+            ``source``, ``checkpoint`` and ``turn_bucket`` are always reported).
+        turn_level_eta2: [ours] recommend turn-level credit when the median eta2 and the fraction
+            SS_B > SS_W are both at least this.
+        token_level_eta2: [ours] recommend keeping token-level credit when the median eta2 is at most this.
+        min_explained_variance: [ours] below this explained variance, and with
+            ``|corr(mean V, reward)| < min_corr``, the critic is judged to explain too little for its
+            structure to recommend anything.
+        min_corr: [ours] see ``min_explained_variance``.
     """
 
     scope: str = "assistant"
     n_boot: int = 2000
     seed: int = 0
     turn_buckets: tuple[int, ...] = (2, 3, 5, 10, 20)
+    group_by: tuple[str, ...] = ()
+    turn_level_eta2: float = 0.7
+    token_level_eta2: float = 0.3
+    min_explained_variance: float = 0.05
+    min_corr: float = 0.3
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -201,8 +215,60 @@ def audit(
     summary["by_source"] = breakdown(per, "source", config)
     summary["by_checkpoint"] = breakdown(per, "checkpoint", config)
     summary["by_turn_bucket"] = breakdown(per, "turn_bucket", config)
+    for col in config.group_by:
+        summary.setdefault("breakdowns", {})[col] = breakdown(per, col, config)
     summary["paper_reference"] = PAPER_REFERENCE
+    summary["recommendation"] = recommend(summary, config)
     return AuditResult(per, summary)
+
+
+def recommend(summary: dict[str, Any], config: AuditConfig = AuditConfig()) -> dict[str, Any]:
+    """A plain recommendation on credit granularity from the headline and the critic's quality.
+
+    Rules ([ours]; thresholds in :class:`AuditConfig`, stated in the output):
+
+    1. The critic explains too little (explained variance < ``min_explained_variance`` and
+       ``|corr(mean V, reward)| < min_corr``, or no rewards to judge it): no recommendation from
+       structure; improve or train the critic first.
+    2. Median eta2 and fraction (a) both >= ``turn_level_eta2``: the value moves between turns; turn-level
+       credit (MPO's turn GAE, arXiv:2610.35013) fits.
+    3. Median eta2 <= ``token_level_eta2``: the value moves mostly inside turns; keep token-level credit
+       (PPO/GAE), or MPO with the intra-turn refinement on (beta = 1).
+    4. Otherwise: both scales carry variance; MPO with the intra-turn refinement (beta = 1).
+
+    Returns ``{"verdict", "text", "thresholds"}``; verdict is one of ``critic_too_weak``,
+    ``turn_level``, ``token_level``, ``multiscale``, ``no_data``.
+    """
+    th = {"turn_level_eta2": config.turn_level_eta2, "token_level_eta2": config.token_level_eta2,
+          "min_explained_variance": config.min_explained_variance, "min_corr": config.min_corr}
+    eta = (summary.get("eta2_median") or {}).get("estimate")
+    frac = (summary.get("frac_ss_between_gt_within") or {}).get("estimate")
+    q = summary.get("critic_quality") or {}
+    ev, corr = q.get("explained_variance"), q.get("corr_mean_value_reward")
+    if eta is None:
+        return {"verdict": "no_data", "text": "No trajectory could be audited (see the exclusions).", "thresholds": th}
+    weak = (ev is None and corr is None) or (
+        (ev is None or ev < config.min_explained_variance) and (corr is None or abs(corr) < config.min_corr))
+    if weak:
+        ev_s = "n/a" if ev is None else f"{ev:.3f}"
+        corr_s = "n/a" if corr is None else f"{corr:.3f}"
+        text = (f"The critic explains too little of the outcome (explained variance {ev_s} < "
+                f"{config.min_explained_variance}, |corr(mean V, reward)| {corr_s} < {config.min_corr}), so the "
+                f"structure of its values (median eta2 {eta:.3f}) is not evidence for a credit granularity. "
+                "Train or fit a stronger critic, then audit again.")
+        return {"verdict": "critic_too_weak", "text": text, "thresholds": th}
+    if eta >= config.turn_level_eta2 and (frac or 0) >= config.turn_level_eta2:
+        text = (f"Median eta2 {eta:.3f} and {100 * frac:.1f}% of trajectories with SS_B > SS_W (both >= "
+                f"{config.turn_level_eta2}): the value moves between turns, not inside them. Turn-level credit "
+                "(MPO's turn GAE; a small beta) fits this critic.")
+        return {"verdict": "turn_level", "text": text, "thresholds": th}
+    if eta <= config.token_level_eta2:
+        text = (f"Median eta2 {eta:.3f} <= {config.token_level_eta2}: most value variance lies inside turns. "
+                "Keep token-level credit (PPO/GAE), or MPO with the intra-turn refinement on (beta = 1).")
+        return {"verdict": "token_level", "text": text, "thresholds": th}
+    text = (f"Median eta2 {eta:.3f} lies between {config.token_level_eta2} and {config.turn_level_eta2}: both "
+            "scales carry variance. MPO with the intra-turn refinement (beta = 1) uses both.")
+    return {"verdict": "multiscale", "text": text, "thresholds": th}
 
 
 def critic_quality(per_trajectory: pl.DataFrame, selected_tokens: pl.DataFrame) -> dict[str, Any]:

@@ -1,0 +1,133 @@
+"""Plots (checked through their artists), the recommendation rules, report.md/html, `critic-audit plot`."""
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.patches import Rectangle
+from typer.testing import CliRunner
+
+from critic_audit import plots as P
+from critic_audit.analysis.audit import AuditConfig, audit, recommend
+from critic_audit.cli import app
+from critic_audit.report import render_folder, report_markdown
+
+
+def _tables(n=6, turns=3, tokens_per_turn=4, seed=0):
+    """Synthetic audited tables: half successes; values = turn level + small within-turn noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        pos = 0
+        for k in range(turns):
+            pos += 3  # 3 non-policy tokens before each turn
+            level = rng.normal()
+            for j in range(tokens_per_turn):
+                rows.append((f"t{i}", pos, k, True, float(level + 0.01 * rng.normal())))
+                pos += 1
+    tokens = pl.DataFrame(rows, schema={"trajectory_id": pl.String, "position": pl.Int32, "turn": pl.Int32,
+                                        "response_mask": pl.Boolean, "value": pl.Float32}, orient="row")
+    trajs = pl.DataFrame({"trajectory_id": [f"t{i}" for i in range(n)], "group_id": [None] * n,
+                          "checkpoint": ["c1" if i < n // 2 else "c2" for i in range(n)],
+                          "source": ["s"] * n, "reward": [float(i % 2) for i in range(n)],
+                          "success": [bool(i % 2) for i in range(n)], "num_turns": [turns] * n,
+                          "metadata": ["{}"] * n},
+                         schema_overrides={"group_id": pl.String, "num_turns": pl.Int32})
+    return trajs, tokens
+
+
+def test_value_traces_shades_every_turn():
+    trajs, tokens = _tables()
+    res = audit(trajs, tokens, AuditConfig(n_boot=50))
+    fig = P.plot_value_traces(tokens, res.per_trajectory)
+    for ax in fig.axes:
+        spans = [p for p in ax.patches if isinstance(p, (Rectangle,))] + [c for c in ax.collections if isinstance(c, PolyCollection)]
+        assert len(spans) == 3  # one shaded span per assistant turn
+        assert len(ax.lines) == 3  # one value segment per turn
+        ys = np.concatenate([ln.get_ydata() for ln in ax.lines])
+        tid = ax.get_title().split(": ")[1].split()[0]
+        want = tokens.filter(pl.col("trajectory_id") == tid)["value"].to_numpy()
+        assert np.allclose(np.sort(ys), np.sort(want))
+
+
+def test_eta2_hist_median_line_and_ecdf():
+    trajs, tokens = _tables()
+    res = audit(trajs, tokens, AuditConfig(n_boot=50))
+    fig = P.plot_eta2_hist(res.per_trajectory)
+    ax = fig.axes[0]
+    med = float(np.median(res.per_trajectory["eta2"].to_numpy()))
+    assert any(np.allclose(ln.get_xdata(), [med, med]) for ln in ax.lines)
+    assert sum(p.get_height() for p in ax.patches) == 6  # every trajectory counted once
+    fig2 = P.plot_eta2_ecdf(res.per_trajectory, "success")
+    assert len(fig2.axes[0].lines) == 2 + 1  # two classes + the 0.5 guide
+    fig3 = P.plot_eta2_box(res.per_trajectory, "checkpoint")
+    assert [t.get_text() for t in fig3.axes[0].get_xticklabels()] == ["c1", "c2"]
+
+
+def test_step_sizes_split_boundary_and_within():
+    tokens = pl.DataFrame({"trajectory_id": ["a"] * 5, "position": [1, 2, 5, 6, 7], "turn": [0, 0, 1, 1, 1],
+                           "response_mask": [True] * 5, "value": [1.0, 2.0, 5.0, 7.0, 6.0]})
+    b, w = P.step_sizes(tokens)
+    assert sorted(b.tolist()) == [3.0] and sorted(w.tolist()) == [1.0, 1.0, 2.0]
+
+
+def test_turn_position_means():
+    trajs, tokens = _tables()
+    res = audit(trajs, tokens, AuditConfig(n_boot=50))
+    df = P.turn_position_means(tokens, res.per_trajectory)
+    assert df.height == 6 and set(df["n"].to_list()) == {3}
+    # hand check one cell: mean over successful trajectories of their turn-0 means
+    ok = tokens.join(trajs.select("trajectory_id", "success"), on="trajectory_id").filter(pl.col("success") & (pl.col("turn") == 0))
+    want = ok.group_by("trajectory_id").agg(pl.col("value").mean())["value"].mean()
+    got = df.filter(pl.col("success") & (pl.col("turn") == 0))["mean"][0]
+    assert got == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("eta,frac,ev,corr,verdict", [
+    (0.9, 0.95, 0.3, 0.6, "turn_level"),
+    (0.9, 0.5, 0.3, 0.6, "multiscale"),
+    (0.2, 0.1, 0.3, 0.6, "token_level"),
+    (0.5, 0.5, 0.3, 0.6, "multiscale"),
+    (0.9, 0.95, -0.1, 0.1, "critic_too_weak"),
+    (0.9, 0.95, None, None, "critic_too_weak"),
+    (0.9, 0.95, 0.01, 0.5, "turn_level"),  # a strong correlation alone is enough
+])
+def test_recommendation_rules(eta, frac, ev, corr, verdict):
+    s = {"eta2_median": {"estimate": eta}, "frac_ss_between_gt_within": {"estimate": frac},
+         "critic_quality": {"explained_variance": ev, "corr_mean_value_reward": corr}}
+    r = recommend(s, AuditConfig())
+    assert r["verdict"] == verdict
+    assert r["thresholds"]["turn_level_eta2"] == 0.7
+
+
+def test_report_files_and_plot_command(tmp_path):
+    trajs, tokens = _tables()
+    res = audit(trajs, tokens, AuditConfig(n_boot=50, group_by=("checkpoint",)))
+    trajs_out = res.per_trajectory
+    trajs_out.write_parquet(tmp_path / "trajectories.parquet")
+    tokens.write_parquet(tmp_path / "tokens.parquet")
+    (tmp_path / "summary.json").write_text(json.dumps(res.summary))
+    render_folder(tmp_path, tokens, trajs_out, res.summary)
+    md = (tmp_path / "report.md").read_text()
+    assert f"{res.summary['eta2_median']['estimate']:.3f}" in md
+    assert "Recommendation (" in md and "Thresholds used" in md
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 7 and "<table>" in html
+    # re-render through the CLI after deleting the plots
+    import shutil
+
+    shutil.rmtree(tmp_path / "plots")
+    r = CliRunner().invoke(app, ["plot", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "plots" / "eta2_ecdf.svg").exists()
+    bad = CliRunner().invoke(app, ["plot", str(tmp_path / "nope")])
+    assert bad.exit_code == 1 and "summary.json" in bad.output and "Traceback" not in bad.output
+
+
+def test_markdown_breakdowns_listed():
+    trajs, tokens = _tables()
+    res = audit(trajs, tokens, AuditConfig(n_boot=50, group_by=("checkpoint",)))
+    md = report_markdown(res.summary, [])
+    assert "## By success" in md and "## By checkpoint" in md and "| c1 |" in md
