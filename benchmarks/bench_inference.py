@@ -115,17 +115,42 @@ def main() -> int:
         for c in (c32, c16):
             c.backbone(input_ids=torch.as_tensor(seqs[0][:256])[None])
 
-    rows = []
-    v_naive, sec = naive(c32, seqs)
-    rows.append(("naive loop, fp32", n_tok / sec, sec, 1.0, 0.0))
-    runs = [("score_values, fp32", c32, False), ("score_values, bf16", c16, False)]
+    # Interleaved: the trajectories are cut into the chunks score_values would batch together, and
+    # every method runs on each chunk in turn (rotating the order), so that load from other processes
+    # on a shared machine hits all methods alike.
+    from critic_audit.critic import plan_batches
+
+    methods = [("naive loop, fp32", c32, None), ("score_values, fp32", c32, False), ("score_values, bf16", c16, False)]
     if args.with_mask:
-        runs.insert(1, ("score_values, fp32, with mask", c32, True))
-    for label, c, mask in runs:
-        st: dict = {}
-        vals = score_values(c, seqs, token_budget=args.token_budget, stats=st, attention_mask=mask)
-        rows.append((label, st["tokens_per_s"], st["seconds"], st["padding_efficiency"], max_diff(vals, v_naive)))
-        print(f"  {label}: batches {st['batch_shapes']}", file=sys.stderr)
+        methods.insert(2, ("score_values, fp32, with mask", c32, True))
+    chunks = plan_batches([len(s) - 1 for s in seqs], args.token_budget)
+    vals = {m[0]: [None] * len(seqs) for m in methods}
+    secs = dict.fromkeys(vals, 0.0)
+    real = dict.fromkeys(vals, 0)
+    computed = dict.fromkeys(vals, 0)
+    for k, chunk in enumerate(chunks):
+        sub = [seqs[i] for i in chunk]
+        for j in range(len(methods)):
+            label, c, mask = methods[(j + k) % len(methods)]
+            if mask is None:
+                out, sec = naive(c, sub)
+                n = sum(len(x) - 1 for x in sub)
+                real[label] += n
+                computed[label] += n
+            else:
+                st: dict = {}
+                out = score_values(c, sub, token_budget=args.token_budget, stats=st, attention_mask=mask)
+                sec = st["seconds"]
+                real[label] += st["real_tokens"]
+                computed[label] += st["computed_tokens"]
+            secs[label] += sec
+            for i, v in zip(chunk, out, strict=True):
+                vals[label][i] = v
+        print(f"  chunk {k + 1}/{len(chunks)}: {len(chunk)} x {max(len(x) for x in sub) - 1} done", file=sys.stderr)
+    rows = []
+    v_naive = vals[methods[0][0]]
+    for label, _, _ in methods:
+        rows.append((label, real[label] / secs[label], secs[label], real[label] / computed[label], max_diff(vals[label], v_naive)))
 
     base = rows[0][1]
     print(f"{'method':34s} {'tokens/s':>9s} {'seconds':>8s} {'x naive':>8s} {'pad eff':>8s} {'max|dv| vs naive':>17s}")
