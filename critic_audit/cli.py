@@ -133,10 +133,23 @@ def _summary_table(s: dict) -> Table:
     return t
 
 
+def _critics_table(s: dict) -> Table:
+    t = Table(title="critic-audit: several critics on the same rollouts")
+    for col in ("critic", "audited", "median eta2 (95% CI)", "SS_B > SS_W", "expl. var.", "recommendation"):
+        t.add_column(col)
+    for label in s["critics"]:
+        p = s["per_critic"][label]
+        q = p.get("critic_quality") or {}
+        t.add_row(label, str(p.get("n_included")), _fmt_ci(p.get("eta2_median")),
+                  _fmt_ci(p.get("frac_ss_between_gt_within")), _fmt(q.get("explained_variance")),
+                  (p.get("recommendation") or {}).get("verdict", ""))
+    return t
+
+
 @app.command()
 def analyze(
     inputs: Inputs,
-    critic: Annotated[Optional[Path], typer.Option(help="Critic checkpoint folder (HF token-classification layout).")] = None,
+    critic: Annotated[Optional[list[Path]], typer.Option(help="Critic checkpoint folder (HF token-classification layout); repeat it to compare several critics (e.g. checkpoints) on the same rollouts.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder (replaced atomically).")] = Path("audit_out"),
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout instead of a table.")] = False,
     scope: Annotated[str, typer.Option(help="assistant: policy tokens only; all: every token, non-assistant runs as their own groups.")] = "assistant",
@@ -177,9 +190,8 @@ def analyze(
         template = _read_template(chat_template)
         tcfg = TokenizeConfig(max_length=max_length, overlong=overlong, chat_template=template)
         acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed, group_by=tuple(group_by or ()))
-        scoring = None if critic is None else ScoringConfig(
-            critic=str(critic), device=device, dtype=dtype, token_budget=token_budget,
-            trust_remote_code=trust_remote_code)
+        scoring = [ScoringConfig(critic=str(c), device=device, dtype=dtype, token_budget=token_budget,
+                                 trust_remote_code=trust_remote_code) for c in (critic or [])] or None
         with _Bar(enabled=not as_json or err.is_terminal) as bar:
             res = run_analyze(inputs, out_dir, scoring=scoring, read_options=read_opts, tokenize=tcfg,
                               audit_config=acfg, plots=not no_plots, progress=bar)
@@ -191,6 +203,9 @@ def analyze(
     s = res.result.summary
     if as_json:
         sys.stdout.write(json.dumps(s, indent=2, default=str) + "\n")
+    elif "per_critic" in s:
+        out.print(_critics_table(s))
+        out.print(f"wrote {res.out_dir}/ (summary.json, report.md, trajectories.parquet, critics/<critic>/, plots/)")
     else:
         out.print(_summary_table(s))
         rec = s.get("recommendation") or {}

@@ -168,10 +168,15 @@ def plot_eta2_ecdf(per_trajectory: pl.DataFrame, by: str = "success", out: str |
     return fig
 
 
-def plot_eta2_box(per_trajectory: pl.DataFrame, by: str = "checkpoint", out: str | Path | None = None) -> Figure:
-    """Box plot of per-trajectory eta2 per value of ``by`` (checkpoint, critic, source...), in sorted order."""
+def plot_eta2_box(per_trajectory: pl.DataFrame, by: str = "checkpoint", out: str | Path | None = None,
+                  order: list | None = None) -> Figure:
+    """Box plot of per-trajectory eta2 per value of ``by`` (checkpoint, critic, source...).
+
+    Boxes follow ``order`` when given, else the order of first appearance in the table (the order in
+    which critics or checkpoints were passed).
+    """
     inc = per_trajectory.filter(pl.col("excluded").is_null() & pl.col("eta2").is_not_null())
-    keys = inc[by].unique().sort(nulls_last=True).to_list() if by in inc.columns else []
+    keys = (order if order is not None else inc[by].unique(maintain_order=True).to_list()) if by in inc.columns else []
     data = [inc.filter(pl.col(by).is_null() if k is None else pl.col(by) == k)["eta2"].to_numpy() for k in keys]
     fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(keys) + 2), 4))
     if data:

@@ -224,3 +224,33 @@ def rerender(folder: str | Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def comparison_markdown(summary: dict[str, Any]) -> str:
+    """Report comparing several critics audited on the same rollouts."""
+    lines = ["# Critic audit: several critics on the same rollouts", "",
+             "| critic | audited | median eta2 | SS_B > SS_W | explained variance | corr(mean V, reward) | recommendation |",
+             "|---|---|---|---|---|---|---|"]
+    for label in summary["critics"]:
+        p = summary["per_critic"][label]
+        q = p.get("critic_quality") or {}
+        lines.append(f"| {label} | {p.get('n_included')} | {_ci(p.get('eta2_median'))} | "
+                     f"{_ci(p.get('frac_ss_between_gt_within'), True)} | {_n(q.get('explained_variance'))} | "
+                     f"{_n(q.get('corr_mean_value_reward'))} | {(p.get('recommendation') or {}).get('verdict')} |")
+    lines += ["", "Each critic's full report: `critics/<critic>/report.md`.", "", "## Plots", ""]
+    for stem, title in (("eta2_box", "eta2 per critic"), ("eta2_ecdf", "eta2 ECDF per critic")):
+        lines += [f"### {title}", "", f"![{stem}](plots/{stem}.png)", ""]
+    return "\n".join(lines) + "\n"
+
+
+def render_comparison(folder: Path, per_trajectory: pl.DataFrame, summary: dict[str, Any]) -> None:
+    """Plots (eta2 box plot and ECDF per critic) and reports of a several-critic audit."""
+    import matplotlib.pyplot as plt
+
+    from critic_audit import plots as P
+
+    plt.close(P.plot_eta2_box(per_trajectory, "critic", folder / "plots" / "eta2_box"))
+    plt.close(P.plot_eta2_ecdf(per_trajectory, "critic", folder / "plots" / "eta2_ecdf"))
+    md = comparison_markdown(summary)
+    (folder / "report.md").write_text(md)
+    (folder / "report.html").write_text(report_html(md, folder))

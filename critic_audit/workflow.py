@@ -151,40 +151,28 @@ class AnalyzeOutcome:
     out_dir: Path
 
 
-def analyze(
+def critic_labels(scorings: Sequence[ScoringConfig]) -> list[str]:
+    """Short unique labels for critics: the folder name, with its parent where names collide."""
+    names = [Path(sc.critic).name or str(sc.critic) for sc in scorings]
+    if len(set(names)) < len(names):
+        names = [f"{Path(sc.critic).parent.name}/{Path(sc.critic).name}" for sc in scorings]
+    if len(set(names)) < len(names):
+        names = [f"{i}:{n}" for i, n in enumerate(names)]
+    return names
+
+
+def _audit_one(
     inputs: Sequence[str | Path],
-    out_dir: str | Path,
-    *,
     scoring: ScoringConfig | None,
-    read_options: ChatReadOptions = ChatReadOptions(),
-    tokenize: TokenizeConfig = TokenizeConfig(),
-    audit_config: AuditConfig = AuditConfig(),
-    plots: bool = True,
-    progress: Progress | None = None,
-) -> AnalyzeOutcome:
-    """Run the audit end to end and write the output folder atomically.
-
-    Inputs are chat rollout files/folders (see ``docs/input_formats.md``) or canonical-table folders
-    (``tokens.parquet`` + ``trajectories.parquet``); tables whose policy tokens all carry a value skip
-    critic inference.
-
-    The output folder (replaced only once everything is written) holds ``summary.json``,
-    ``trajectories.parquet`` (per-trajectory statistics), ``tokens.parquet`` (canonical tokens table
-    with values), ``config.json`` (the resolved configuration), ``plots/``, ``report.md`` and a
-    self-contained ``report.html``.
-
-    Raises:
-        InputError, SchemaError, TemplateError, CheckpointError, ConfigError: bad input or options.
-    """
-    t0 = time.perf_counter()
-    out_dir = Path(out_dir)
-    if not inputs:
-        raise ConfigError("no input given", fix="pass one or more rollout files or folders")
+    read_options: ChatReadOptions,
+    tokenize: TokenizeConfig,
+    audit_config: AuditConfig,
+    progress: Progress | None,
+    convs: list[Conversation] | None,
+) -> tuple[AuditResult, pl.DataFrame, int | None]:
+    """Read, tokenize with this critic's tokenizer, score and audit; returns (result, tokens, context)."""
     table_inputs = [p for p in inputs if is_table_input(p)]
     chat_inputs = [p for p in inputs if not is_table_input(p)]
-    for p in chat_inputs:
-        if not Path(p).exists():
-            raise InputError("no such file or folder", path=p, fix="check the path")
     trajs_parts: list[pl.DataFrame] = []
     token_parts: list[pl.DataFrame] = []
     pre_excluded: dict[str, str] = {}
@@ -210,18 +198,17 @@ def analyze(
                      "dtype": str(critic.dtype).replace("torch.", ""), "token_budget": scoring.token_budget}
 
     if chat_inputs:
-        convs = read_inputs(chat_inputs, read_options)
         max_len = tokenize.max_length or critic.max_length
         if max_len > critic.max_length:
             raise ConfigError(f"--max-length {max_len} exceeds the critic's context {critic.max_length}",
                               fix=f"use at most {critic.max_length}")
         tcfg = dataclasses.replace(tokenize, max_length=max_len)
         tok_res: TokenizeResult = tokenize_conversations(
-            convs, critic.tokenizer, tcfg,
+            convs or [], critic.tokenizer, tcfg,
             progress=(lambda d, n: progress("tokenize", d, n)) if progress else None)
         truncation = {"trajectories": tok_res.truncated_trajectories, "turns": tok_res.truncated_turns}
         pre_excluded.update(tok_res.excluded)
-        trajs_parts.append(conversations_to_trajectories(convs))
+        trajs_parts.append(conversations_to_trajectories(convs or []))
         token_parts.append(token_table(tok_res.conversations))
 
     trajectories = pl.concat(trajs_parts, how="vertical_relaxed") if len(trajs_parts) > 1 else trajs_parts[0]
@@ -239,32 +226,132 @@ def analyze(
     result.summary["inference"] = inference or None
     result.summary["inputs"] = [str(p) for p in inputs]
     result.summary["critic_audit_version"] = __version__
+    return result, tokens, (critic.max_length if critic else None)
 
-    config = {
+
+def _write_folder(folder: Path, result: AuditResult, tokens: pl.DataFrame, config: dict[str, Any], plots: bool) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_json(folder / "summary.json", result.summary)
+    _write_json(folder / "config.json", config)
+    result.per_trajectory.write_parquet(folder / "trajectories.parquet")
+    tokens.write_parquet(folder / "tokens.parquet")
+    if plots:
+        from critic_audit.report import render_folder
+
+        render_folder(folder, tokens, result.per_trajectory, result.summary)
+
+
+def analyze(
+    inputs: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    scoring: ScoringConfig | Sequence[ScoringConfig] | None,
+    read_options: ChatReadOptions = ChatReadOptions(),
+    tokenize: TokenizeConfig = TokenizeConfig(),
+    audit_config: AuditConfig = AuditConfig(),
+    plots: bool = True,
+    progress: Progress | None = None,
+) -> AnalyzeOutcome:
+    """Run the audit end to end and write the output folder atomically.
+
+    Inputs are chat rollout files/folders (see ``docs/input_formats.md``) or canonical-table folders
+    (``tokens.parquet`` + ``trajectories.parquet``); tables whose policy tokens all carry a value skip
+    critic inference.
+
+    The output folder (replaced only once everything is written) holds ``summary.json``,
+    ``trajectories.parquet`` (per-trajectory statistics), ``tokens.parquet`` (canonical tokens table
+    with values), ``config.json`` (the resolved configuration), ``plots/``, ``report.md`` and a
+    self-contained ``report.html``.
+
+    With several critics (e.g. the critic checkpoints of one training run) every critic scores the same
+    rollouts: each gets a complete single-critic folder under ``critics/<label>/``, and the top level
+    holds the comparison: ``summary.json`` (``by_critic``: median eta2 and fraction per critic, with
+    intervals; ``per_critic``: each critic's headline, quality and recommendation),
+    ``trajectories.parquet`` (all critics, with a ``critic`` column), the eta2 box plot and ECDF per
+    critic, and the reports.
+
+    Raises:
+        InputError, SchemaError, TemplateError, CheckpointError, ConfigError: bad input or options.
+    """
+    t0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    if not inputs:
+        raise ConfigError("no input given", fix="pass one or more rollout files or folders")
+    chat_inputs = [p for p in inputs if not is_table_input(p)]
+    for p in chat_inputs:
+        if not Path(p).exists():
+            raise InputError("no such file or folder", path=p, fix="check the path")
+    scorings: list[ScoringConfig | None]
+    if scoring is None:
+        scorings = [None]
+    elif isinstance(scoring, ScoringConfig):
+        scorings = [scoring]
+    else:
+        scorings = list(scoring) or [None]
+    convs = read_inputs(chat_inputs, read_options) if chat_inputs else None
+    base_config = {
         "inputs": [str(p) for p in inputs],
         "out": str(out_dir),
-        "scoring": dataclasses.asdict(scoring) if scoring else None,
         "read_options": dataclasses.asdict(read_options),
         "tokenize": {**dataclasses.asdict(tokenize), "chat_template": bool(tokenize.chat_template)},
         "audit": dataclasses.asdict(audit_config),
-        "critic_max_length": critic.max_length if critic else None,
     }
+    if len(scorings) == 1:
+        result, tokens, ctx = _audit_one(inputs, scorings[0], read_options, tokenize, audit_config, progress, convs)
+        config = {**base_config, "scoring": dataclasses.asdict(scorings[0]) if scorings[0] else None,
+                  "critic_max_length": ctx}
+        tmp = _atomic_output(out_dir)
+        try:
+            result.summary["seconds"] = round(time.perf_counter() - t0, 2)
+            _write_folder(tmp, result, tokens, config, plots)
+            _publish(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return AnalyzeOutcome(result, tokens, out_dir)
+
+    labels = critic_labels([sc for sc in scorings if sc is not None])
     tmp = _atomic_output(out_dir)
     try:
-        result.summary["seconds"] = round(time.perf_counter() - t0, 2)
-        _write_json(tmp / "summary.json", result.summary)
-        _write_json(tmp / "config.json", config)
-        result.per_trajectory.write_parquet(tmp / "trajectories.parquet")
-        tokens.write_parquet(tmp / "tokens.parquet")
-        if plots:
-            from critic_audit.report import render_folder
+        pers, per_summary, first_tokens = [], {}, None
+        for label, sc in zip(labels, scorings):
+            def prog(stage: str, d: int, n: int, _label: str = label) -> None:
+                if progress:
+                    progress(f"{stage} [{_label}]", d, n)
 
-            render_folder(tmp, tokens, result.per_trajectory, result.summary)
+            result, tokens, ctx = _audit_one(inputs, sc, read_options, tokenize, audit_config, prog, convs)
+            config = {**base_config, "scoring": dataclasses.asdict(sc), "critic_max_length": ctx}
+            _write_folder(tmp / "critics" / label, result, tokens, config, plots)
+            pers.append(result.per_trajectory.with_columns(critic=pl.lit(label)))
+            per_summary[label] = {k: result.summary.get(k) for k in (
+                "n_included", "eta2_median", "frac_ss_between_gt_within", "frac_f_gt_1", "omega2_median",
+                "critic_quality", "recommendation", "inference", "excluded")}
+            first_tokens = tokens if first_tokens is None else first_tokens
+        per_all = pl.concat(pers, how="vertical_relaxed")
+        from critic_audit.analysis.audit import breakdown
+
+        summary = {
+            "critics": labels,
+            "n_trajectories": int(per_all["trajectory_id"].n_unique()),
+            "by_critic": breakdown(per_all, "critic", audit_config),
+            "per_critic": per_summary,
+            "inputs": [str(p) for p in inputs],
+            "critic_audit_version": __version__,
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+        config = {**base_config, "scoring": [dataclasses.asdict(sc) for sc in scorings]}
+        _write_json(tmp / "summary.json", summary)
+        _write_json(tmp / "config.json", config)
+        per_all.write_parquet(tmp / "trajectories.parquet")
+        if plots:
+            from critic_audit.report import render_comparison
+
+            render_comparison(tmp, per_all, summary)
         _publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return AnalyzeOutcome(result, tokens, out_dir)
+    return AnalyzeOutcome(AuditResult(per_all, summary), first_tokens, out_dir)
 
 
 def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, inference: dict[str, Any],

@@ -220,3 +220,25 @@ def test_fit_critic_then_analyze(rollouts, tmp_path):
     assert _run("build-critic", "--backbone", lm, "--head", head, "--out", built).exit_code == 0
     res3 = _run("analyze", rollouts, "--critic", built, "--out", tmp_path / "b", "--json", "--no-plots", "--bootstrap", 20)
     assert json.loads(res3.stdout)["eta2_median"] == s["eta2_median"]
+
+
+def test_several_critics_compared(rollouts, critic_dir, tmp_path):
+    second = make_critic_dir(tmp_path / "step_200", seed=5)
+    out = tmp_path / "multi"
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--critic", second, "--out", out, "--bootstrap", 50)
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "summary.json").read_text())
+    labels = s["critics"]
+    assert len(labels) == 2 and labels[1] == "step_200"
+    per = pl.read_parquet(out / "trajectories.parquet")
+    assert per.height == 18 and per["critic"].unique(maintain_order=True).to_list() == labels
+    # each critic's own folder matches a single-critic run
+    single = tmp_path / "single"
+    assert _run("analyze", rollouts, "--critic", second, "--out", single, "--bootstrap", 50, "--no-plots").exit_code == 0
+    one = json.loads((single / "summary.json").read_text())
+    sub = json.loads((out / "critics" / "step_200" / "summary.json").read_text())
+    assert sub["eta2_median"] == one["eta2_median"] == s["per_critic"]["step_200"]["eta2_median"]
+    assert s["by_critic"]["step_200"]["eta2_median"]["estimate"] == one["eta2_median"]["estimate"]
+    assert (out / "plots" / "eta2_box.png").exists() and (out / "report.html").exists()
+    # different random critics give different structure
+    assert s["per_critic"][labels[0]]["eta2_median"] != s["per_critic"][labels[1]]["eta2_median"]

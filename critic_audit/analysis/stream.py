@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from critic_audit.analysis.decompose import decompose
@@ -40,6 +41,29 @@ def _paths(path_or_paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return [Path(p) for p in path_or_paths]
 
 
+def _runs(ids: pa.Array) -> tuple[np.ndarray, np.ndarray, pl.Series]:
+    """Runs of equal trajectory ids in a batch: (run index per row, first row of each run, run ids).
+
+    Dictionary-encoded ids (how the reader decodes them) are compared by index, then adjacent runs
+    whose strings are equal are merged (a dictionary may repeat a string); plain strings by value.
+    """
+    n = len(ids)
+    if pa.types.is_dictionary(ids.type):
+        idx = ids.indices.to_numpy(zero_copy_only=False)
+        starts = np.concatenate([[0], np.flatnonzero(idx[1:] != idx[:-1]) + 1])
+        names = pl.Series(ids.dictionary.take(pa.array(idx[starts])).cast(pa.large_string()))
+        if names.len() > 1:  # merge runs whose strings are equal
+            new = np.concatenate([[True], (names.slice(1) != names.slice(0, names.len() - 1)).to_numpy()])
+            starts, names = starts[new], names.filter(pl.Series(new))
+        mark = np.zeros(n, dtype=np.int64)
+        mark[starts[1:]] = 1
+        return np.cumsum(mark), starts, names
+    tid = pl.Series(ids).cast(pl.String)
+    run = tid.rle_id().to_numpy().astype(np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(run)) + 1]) if n > 1 else np.zeros(1, np.int64)
+    return run, starts, tid.gather(starts)
+
+
 class _Stream:
     """State carried from batch to batch: the open (last seen) trajectory and its selected rows."""
 
@@ -53,21 +77,20 @@ class _Stream:
         self.seg_counter = 0  # scope all: last segment number handed out
         self.frames: list[pl.DataFrame] = []
 
-    def batch(self, df: pl.DataFrame, path: Path, row0: int) -> None:
-        n = df.height
+    def batch(self, rb: pa.RecordBatch, path: Path, row0: int) -> None:
+        n = rb.num_rows
         if n == 0:
             return
+        ids_arrow = rb.column("trajectory_id")
+        df = pl.from_arrow(rb.drop_columns(["trajectory_id"]))
         for col in ("trajectory_id", "position", "response_mask"):
-            nulls = df[col].null_count()
+            nulls = ids_arrow.null_count if col == "trajectory_id" else df[col].null_count()
             if nulls:
-                at = row0 + int(np.flatnonzero(df[col].is_null().to_numpy())[0])
+                is_null = ids_arrow.is_null() if col == "trajectory_id" else df[col].is_null()
+                at = row0 + int(np.flatnonzero(np.asarray(is_null))[0])
                 raise SchemaError(f"column {col!r} has null values", path=path, record=at,
                                   fix=f"fill {col} in every token row")
-        tid = df["trajectory_id"].cast(pl.String)
-        run = tid.rle_id().to_numpy().astype(np.int64)
-        starts = np.flatnonzero(np.diff(run)) + 1 if n > 1 else np.zeros(0, np.int64)
-        starts = np.concatenate([[0], starts])
-        start_ids = tid.gather(starts)
+        run, starts, start_ids = _runs(ids_arrow)
         R = starts.size
         # Order checks: trajectory ids strictly increase from run to run (no trajectory reappears
         # after another one started), positions strictly increase within a trajectory.
@@ -89,7 +112,7 @@ class _Stream:
         if bad_pos.any() or (cont and pos[0] <= self.cur_last_pos):
             i = 0 if (cont and pos[0] <= self.cur_last_pos) else int(np.flatnonzero(bad_pos)[0]) + 1
             raise SchemaError(
-                f"positions of trajectory {tid[i]!r} are not strictly increasing (position {pos[i]} after "
+                f"positions of trajectory {start_ids[int(run[i])]!r} are not strictly increasing (position {pos[i]} after "
                 f"{pos[i - 1] if i else self.cur_last_pos})", path=path, record=row0 + i, fix=_SORT_FIX)
 
         # Selection (the same as critic_audit.analysis.audit._select).
@@ -162,11 +185,11 @@ class _Stream:
         return pl.concat(self.frames, how="vertical")
 
 
-def _batches(files: list[Path], columns: list[str], batch_rows: int) -> Iterator[tuple[pl.DataFrame, Path, int]]:
+def _batches(files: list[Path], columns: list[str], batch_rows: int) -> Iterator[tuple[pa.RecordBatch, Path, int]]:
     for path in files:
         if not path.exists():
             raise InputError("file not found", path=path, fix="pass the path of a tokens Parquet file")
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, read_dictionary=["trajectory_id"])  # ids as indices: cheaper to decode
         have = set(pf.schema_arrow.names)
         for col in columns:
             if col not in have:
@@ -174,9 +197,8 @@ def _batches(files: list[Path], columns: list[str], batch_rows: int) -> Iterator
                                   fix="write the tokens table with the canonical columns (docs/tables.md)")
         row0 = 0
         for rb in pf.iter_batches(batch_size=batch_rows, columns=columns):
-            df = pl.from_arrow(rb)
-            yield df, path, row0
-            row0 += df.height
+            yield rb, path, row0
+            row0 += rb.num_rows
 
 
 def decompose_parquet(
