@@ -87,9 +87,9 @@ class FitResult:
         bias: float.
         metrics: ``n_trajectories`` (with at least one selected token), ``n_tokens``,
             ``explained_variance`` (R^2 = 1 - MSE / Var(target) on the fit data, under the fit
-            weighting), ``explained_variance_token`` and ``explained_variance_trajectory`` (under each
-            weighting), ``mse``, ``target_mean``, ``target_std``, ``ridge_lambda`` (absolute penalty),
-            ``hidden_size``, ``weighting``, ``seconds``, ``tokens_per_s``, ``padding_efficiency``.
+            weighting; None when the targets do not vary), ``explained_variance_token`` and
+            ``explained_variance_trajectory`` (under each weighting), ``mse``, ``target_mean``,
+            ``target_std``, ``ridge_lambda`` (absolute penalty), ``hidden_size``, ``weighting``, ``seconds``, ``tokens_per_s``, ``padding_efficiency``.
         config: the :class:`FitConfig` used.
     """
 
@@ -176,15 +176,16 @@ def _solve(zz: np.ndarray, zy: np.ndarray, yy: float, ridge: float) -> tuple[np.
     return w, b, lam
 
 
-def _r2(zz: np.ndarray, zy: np.ndarray, yy: float, w: np.ndarray, b: float) -> tuple[float, float, float]:
-    """(R^2, MSE, Var(y)) of prediction w.x + b under the moments' weighting."""
+def _r2(zz: np.ndarray, zy: np.ndarray, yy: float, w: np.ndarray, b: float) -> tuple[float | None, float, float]:
+    """(R^2, MSE, Var(y)) of prediction w.x + b under the moments' weighting; R^2 is None (JSON-safe)
+    when the targets do not vary."""
     d = zz.shape[0] - 1
     sw = zz[d, d]
     theta = np.append(w, b)
     mse = (yy - 2 * theta @ zy + theta @ zz @ theta) / sw
     var = yy / sw - (zy[d] / sw) ** 2
     mse = max(float(mse), 0.0)
-    r2 = 1.0 - mse / var if var > 1e-12 * max(1.0, yy / sw) else float("nan")
+    r2 = 1.0 - mse / var if var > 1e-12 * max(1.0, yy / sw) else None
     return r2, mse, float(var)
 
 
@@ -496,4 +497,10 @@ def build_critic(
 
 def fit_metadata(result: FitResult) -> dict:
     """JSON-ready metadata of a fit (config + metrics) for :func:`save_critic` / :func:`save_head`."""
-    return {"fit": {"method": "frozen-backbone ridge, MC targets (lambda=1, gamma=1)", "config": asdict(result.config), "metrics": result.metrics}}
+    return {
+        "fit": {
+            "method": "frozen-backbone ridge, MC targets (lambda=1, gamma=1)",
+            "config": asdict(result.config),
+            "metrics": result.metrics,
+        }
+    }

@@ -53,7 +53,9 @@ def plan_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     return batches
 
 
-def hidden_states(critic_or_backbone: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+def hidden_states(
+    critic_or_backbone: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor:
     """Backbone forward -> ``last_hidden_state`` [rows, cols, hidden] (backbone dtype)."""
     backbone = critic_or_backbone.backbone if isinstance(critic_or_backbone, Critic) else critic_or_backbone
     out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
@@ -135,7 +137,9 @@ def _validate(sequences: Sequence[np.ndarray], max_length: int, vocab: int | Non
                 fix="truncate sequences to the critic's max_length before scoring",
             )
         if a.size and (a.min() < 0 or (vocab is not None and a.max() >= vocab)):
-            raise ConfigError(f"sequence {i} has token ids outside [0, {vocab})", fix="tokenize with the critic's tokenizer")
+            raise ConfigError(
+                f"sequence {i} has token ids outside [0, {vocab})", fix="tokenize with the critic's tokenizer"
+            )
         out.append(a)
     return out
 
