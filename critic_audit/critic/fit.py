@@ -89,7 +89,8 @@ class FitResult:
             ``explained_variance`` (R^2 = 1 - MSE / Var(target) on the fit data, under the fit
             weighting; None when the targets do not vary), ``explained_variance_token`` and
             ``explained_variance_trajectory`` (under each weighting), ``mse``, ``target_mean``,
-            ``target_std``, ``ridge_lambda`` (absolute penalty), ``hidden_size``, ``weighting``, ``seconds``, ``tokens_per_s``, ``padding_efficiency``.
+            ``target_std``, ``ridge_lambda`` (absolute penalty), ``hidden_size``, ``weighting``,
+            ``seconds``, ``tokens_per_s``, ``padding_efficiency``.
         config: the :class:`FitConfig` used.
     """
 
