@@ -170,7 +170,7 @@ def audit(
         raise SchemaError(f"{unknown} token row(s) belong to trajectories missing from the trajectories table",
                           fix="write both tables from the same rollouts")
     stats = decompose(
-        sel["_b"].to_numpy(), sel["seg"].to_numpy(), sel["value"].cast(pl.Float64).to_numpy(),
+        sel["_b"].to_numpy(), sel["seg"].to_numpy(), sel["value"].to_numpy(),
         num_trajectories=len(ids),
     )
     per = pl.concat([trajectories, stats], how="horizontal")
