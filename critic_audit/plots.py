@@ -32,6 +32,16 @@ def _save(fig: Figure, out: str | Path | None) -> None:
     fig.savefig(out.with_suffix(".svg"), bbox_inches="tight")
 
 
+def _draw_trace(ax, tokens: pl.DataFrame, tid: str, label: str, lw: float = 1.0) -> None:
+    """Draw one trajectory's policy-token values, one line and one shaded span per assistant turn."""
+    t = tokens.filter((pl.col("trajectory_id") == tid) & pl.col("response_mask")).sort("position")
+    pos, val, turn = t["position"].to_numpy(), t["value"].cast(pl.Float64).to_numpy(), t["turn"].to_numpy()
+    for k in np.unique(turn):
+        sel = turn == k
+        ax.axvspan(pos[sel].min() - 0.5, pos[sel].max() + 0.5, color=TURN_COLORS[int(k) % 2], lw=0)
+        ax.plot(pos[sel], val[sel], color="#1f4e79" if label == "success" else "#a83232", lw=lw)
+
+
 def pick_examples(per_trajectory: pl.DataFrame) -> dict[str, str | None]:
     """Choose one included successful and one included failed trajectory to draw.
 
@@ -69,14 +79,7 @@ def plot_value_traces(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: s
             ax.set_title(f"no included {label} trajectory")
             ax.set_axis_off()
             continue
-        t = tokens.filter((pl.col("trajectory_id") == tid) & pl.col("response_mask")).sort("position")
-        pos = t["position"].to_numpy()
-        val = t["value"].cast(pl.Float64).to_numpy()
-        turn = t["turn"].to_numpy()
-        for k in np.unique(turn):
-            p = pos[turn == k]
-            ax.axvspan(p.min() - 0.5, p.max() + 0.5, color=TURN_COLORS[int(k) % 2], alpha=0.9, lw=0)
-            ax.plot(p, val[turn == k], color="#1f4e79" if label == "success" else "#a83232", lw=1.0)
+        _draw_trace(ax, tokens, tid, label)
         row = per_trajectory.filter(pl.col("trajectory_id") == tid).row(0, named=True)
         ax.set_title(f"{label}: {tid}  (K={row['n_turns']}, eta2={row['eta2']:.3f}, reward={row['reward']})",
                      fontsize=9)
@@ -130,12 +133,7 @@ def plot_value_grid(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: str
                 ax.set_axis_off()
                 continue
             tid = cols[label][r]
-            t = tokens.filter((pl.col("trajectory_id") == tid) & pl.col("response_mask")).sort("position")
-            pos, val, turn = t["position"].to_numpy(), t["value"].cast(pl.Float64).to_numpy(), t["turn"].to_numpy()
-            for k in np.unique(turn):
-                sel = turn == k
-                ax.axvspan(pos[sel].min() - 0.5, pos[sel].max() + 0.5, color=TURN_COLORS[int(k) % 2], lw=0)
-                ax.plot(pos[sel], val[sel], color="#1f4e79" if label == "success" else "#a83232", lw=0.8)
+            _draw_trace(ax, tokens, tid, label, lw=0.8)
             row = per_trajectory.filter(pl.col("trajectory_id") == tid).row(0, named=True)
             ax.set_title(f"{label}: {tid} (K={row['n_turns']}, eta2={row['eta2']:.2f})", fontsize=8)
             ax.tick_params(labelsize=7)
