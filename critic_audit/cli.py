@@ -148,6 +148,7 @@ def _critics_table(s: dict) -> Table:
 
 @app.command()
 def analyze(
+    ctx: typer.Context,
     inputs: Inputs,
     critic: Annotated[Optional[list[Path]], typer.Option(help="Critic checkpoint folder (HF token-classification layout); repeat it to compare several critics (e.g. checkpoints) on the same rollouts.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder (replaced atomically).")] = Path("audit_out"),
@@ -174,11 +175,18 @@ def analyze(
     checkpoint: CheckpointLabel = None,
     success_threshold: SuccessThreshold = 0.5,
     no_reward: NoReward = False,
+    input_format: Annotated[str, typer.Option("--format", help="Input format: auto (detected per input), chat, responses (OpenAI Responses / NeMo Gym), react (ReAct transcripts, Reflexion logs), swe (SWE-agent / mini-swe-agent trajectories), tokenized (token-id rows, verl dumps).")] = "auto",
+    labels: Annotated[Optional[Path], typer.Option(help="Success labels joined on an id: SWE-bench results JSON (resolved_ids), or JSON/JSONL id -> resolved.")] = None,
+    labels_key: Annotated[Optional[str], typer.Option(help="Join key of --labels (the id field of label records and of rollouts; default instance_id).")] = None,
+    lenient: Annotated[bool, typer.Option("--lenient", help="Skip bad records (counted per reason in summary.json 'input') instead of stopping at the first.")] = False,
 ) -> None:
     """Score rollouts with a critic and decompose its values into between-turn and within-turn variance."""
     try:
+        from click.core import ParameterSource
+
         from critic_audit.analysis.audit import AuditConfig
         from critic_audit.io.chat import ChatReadOptions
+        from critic_audit.io.common import InputOptions
         from critic_audit.turns import TokenizeConfig
         from critic_audit.workflow import ScoringConfig
         from critic_audit.workflow import analyze as run_analyze
@@ -187,6 +195,9 @@ def analyze(
             messages_key=messages_key, reward_key=reward_key, success_key=success_key, id_key=id_key,
             group_key=group_key, checkpoint_key=checkpoint_key, source=source, checkpoint=checkpoint,
             success_threshold=success_threshold, require_reward=not no_reward)
+        explicit = ctx.get_parameter_source("success_threshold") not in (ParameterSource.DEFAULT, None)
+        input_opts = InputOptions(format=input_format, lenient=lenient, labels=labels, labels_key=labels_key,
+                                  success_threshold=success_threshold if explicit else None)
         template = _read_template(chat_template)
         tcfg = TokenizeConfig(max_length=max_length, overlong=overlong, chat_template=template)
         acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed, group_by=tuple(group_by or ()))
@@ -194,13 +205,17 @@ def analyze(
                                  trust_remote_code=trust_remote_code) for c in (critic or [])] or None
         with _Bar(enabled=not as_json or err.is_terminal) as bar:
             res = run_analyze(inputs, out_dir, scoring=scoring, read_options=read_opts, tokenize=tcfg,
-                              audit_config=acfg, plots=not no_plots, progress=bar)
+                              audit_config=acfg, plots=not no_plots, progress=bar, input_options=input_opts)
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         _fail(e)
         return
     s = res.result.summary
+    skipped = (s.get("input") or {}).get("skipped") or {}
+    if skipped:
+        err.print(f"skipped {sum(skipped.values())} bad record(s): "
+                  + ", ".join(f"{k}: {v}" for k, v in skipped.items()), soft_wrap=True)
     if as_json:
         sys.stdout.write(json.dumps(s, indent=2, default=str) + "\n")
     elif "per_critic" in s:

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from critic_audit import __version__
 from critic_audit.analysis.audit import AuditConfig, AuditResult, audit
 from critic_audit.errors import ConfigError, InputError
 from critic_audit.io.chat import ChatReadOptions, read_chat
+from critic_audit.io.common import InputOptions, ReadReport
 from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, conversations_to_trajectories, validate
 from critic_audit.turns import (
     EXCLUDE_NO_ASSISTANT,
@@ -61,16 +63,57 @@ class ScoringConfig:
     trust_remote_code: bool = False
 
 
-def read_inputs(paths: Sequence[str | Path], options: ChatReadOptions = ChatReadOptions()) -> list[Conversation]:
-    """Read chat rollouts from several files or folders; trajectory ids must be unique across them.
+#: The input format, options and report of the ``analyze`` call in progress (set by :func:`analyze`,
+#: read by :func:`read_inputs`, :func:`is_table_input` and :func:`read_tables` when not given).
+_READING: ContextVar[tuple[InputOptions, ReadReport, ChatReadOptions] | None] = ContextVar(
+    "critic_audit_reading", default=None)
+
+
+def _reading(input_options: InputOptions | None, report: ReadReport | None) -> tuple[InputOptions, ReadReport]:
+    ctx = _READING.get()
+    iopts = input_options or (ctx[0] if ctx else InputOptions())
+    rep = report if report is not None else (ctx[1] if ctx else ReadReport())
+    return iopts, rep
+
+
+def input_format(path: str | Path, input_options: InputOptions | None = None,
+                 read_options: ChatReadOptions | None = None) -> str:
+    """The format ``path`` is read as: the forced ``--format``, or the detected one (docs/input_formats.md)."""
+    from critic_audit.io.detect import detect_format
+
+    iopts, _ = _reading(input_options, None)
+    if iopts.format != "auto":
+        if iopts.format == "tokenized" and Path(path).is_dir() and (Path(path) / "tokens.parquet").exists():
+            return "tables"
+        return iopts.format
+    return detect_format(path, read_options.messages_key if read_options else None)
+
+
+def read_inputs(paths: Sequence[str | Path], options: ChatReadOptions = ChatReadOptions(), *,
+                input_options: InputOptions | None = None, report: ReadReport | None = None) -> list[Conversation]:
+    """Read rollouts of the conversation formats (chat, responses, react, swe; ``input_options.format``
+    or detected per input) from several files or folders; trajectory ids must be unique across them.
+    Lenient mode (``input_options.lenient``) skips bad records and counts them in ``report``.
 
     Raises:
-        InputError: a file cannot be read, or two inputs share a trajectory id.
+        InputError: a file cannot be read, a bad record (strict mode), or two inputs share a trajectory id.
     """
+    from critic_audit.io.detect import CONVERSATION_FORMATS, iter_conversations
+
+    iopts, rep = _reading(input_options, report)
     convs: list[Conversation] = []
     seen: dict[str, str] = {}
     for p in paths:
-        for c in read_chat(p, options):
+        fmt = input_format(p, iopts, options)
+        if fmt not in CONVERSATION_FORMATS:
+            raise InputError(f"this input is {fmt} data, not conversations", path=p,
+                             fix="pass it to analyze as a table input, or force another --format")
+        rep.formats[str(p)] = fmt
+        if fmt == "chat" and not iopts.lenient and iopts.labels is None:
+            it = read_chat(p, options)
+        else:
+            it = iter_conversations(p, fmt, options, iopts, rep)
+        for c in it:
             if c.trajectory_id in seen:
                 raise InputError(
                     f"trajectory id {c.trajectory_id!r} also appears in {seen[c.trajectory_id]}",
@@ -82,15 +125,32 @@ def read_inputs(paths: Sequence[str | Path], options: ChatReadOptions = ChatRead
     return convs
 
 
-def is_table_input(path: str | Path) -> bool:
-    """True when ``path`` is a canonical-table folder (``tokens.parquet``) or a tokens Parquet file."""
+def is_table_input(path: str | Path, input_options: InputOptions | None = None) -> bool:
+    """True when ``path`` is read as tables: a canonical-table folder (``tokens.parquet``), a tokens
+    Parquet file, a verl dump folder (``step_*.tokens.parquet``) or a ``tokenized`` input."""
+    from critic_audit.io.detect import TABLE_FORMATS
+
     p = Path(path)
-    return (p.is_dir() and (p / "tokens.parquet").exists()) or p.suffix == ".parquet"
+    iopts, _ = _reading(input_options, None)
+    if iopts.format != "auto":
+        return iopts.format == "tokenized"
+    if (p.is_dir() and (p / "tokens.parquet").exists()) or p.suffix == ".parquet":
+        return True
+    if not p.exists():
+        return False
+    try:
+        return input_format(p, iopts) in TABLE_FORMATS
+    except InputError:
+        return False
 
 
-def read_tables(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
+def read_tables(path: str | Path, *, read_options: ChatReadOptions | None = None,
+                input_options: InputOptions | None = None,
+                report: ReadReport | None = None) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
     """Read canonical tables: a folder with ``tokens.parquet`` (and ``trajectories.parquet``) or a
     tokens Parquet file. Without a trajectories table one is derived from the tokens (no rewards).
+    Tokenized rollouts (``input_ids`` + ``response_mask`` rows, verifiers steps) and verl dump folders
+    are converted to the canonical tables (:mod:`critic_audit.io.tokenized`).
 
     Returns ``(trajectories, tokens, pre_excluded)``: the trajectories table reduced to its canonical
     columns (an earlier audit's statistics are dropped), and the exclusions made before scoring that
@@ -99,7 +159,18 @@ def read_tables(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame, dict[str,
     Raises:
         InputError: the file is missing or not Parquet. SchemaError: a table breaks its schema.
     """
+    from critic_audit.io.detect import read_table_input
+
     p = Path(path)
+    iopts, rep = _reading(input_options, report)
+    if read_options is None and _READING.get() is not None:
+        read_options = _READING.get()[2]
+    if p.exists():
+        fmt = input_format(p, iopts, read_options)
+        rep.formats[str(p)] = fmt
+        converted = read_table_input(p, fmt, read_options, iopts, rep)
+        if converted is not None:
+            return converted[0], converted[1], {}
     tok_path = p / "tokens.parquet" if p.is_dir() else p
     traj_path = tok_path.parent / "trajectories.parquet"
     if not tok_path.exists():
@@ -251,6 +322,32 @@ def analyze(
     audit_config: AuditConfig = AuditConfig(),
     plots: bool = True,
     progress: Progress | None = None,
+    input_options: InputOptions = InputOptions(),
+) -> AnalyzeOutcome:
+    """Run the audit end to end (see :func:`_analyze`). ``input_options`` picks the input format
+    (``format``: auto-detected per input by default; docs/input_formats.md), lenient reading, labels
+    and the success rule of the non-chat formats. The summary's ``input`` entry holds the format read
+    per input and the records skipped per reason (lenient mode)."""
+    report = ReadReport()
+    token = _READING.set((input_options, report, read_options))
+    try:
+        return _analyze(inputs, out_dir, scoring=scoring, read_options=read_options, tokenize=tokenize,
+                        audit_config=audit_config, plots=plots, progress=progress, _report=report)
+    finally:
+        _READING.reset(token)
+
+
+def _analyze(
+    inputs: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    scoring: ScoringConfig | Sequence[ScoringConfig] | None,
+    read_options: ChatReadOptions = ChatReadOptions(),
+    tokenize: TokenizeConfig = TokenizeConfig(),
+    audit_config: AuditConfig = AuditConfig(),
+    plots: bool = True,
+    progress: Progress | None = None,
+    _report: ReadReport | None = None,
 ) -> AnalyzeOutcome:
     """Run the audit end to end and write the output folder atomically.
 
@@ -303,6 +400,7 @@ def analyze(
         tmp = _atomic_output(out_dir)
         try:
             result.summary["seconds"] = round(time.perf_counter() - t0, 2)
+            result.summary["input"] = _report.as_dict() if _report is not None else None
             _write_folder(tmp, result, tokens, config, plots)
             _publish(tmp, out_dir)
         except BaseException:
@@ -338,6 +436,7 @@ def analyze(
             "inputs": [str(p) for p in inputs],
             "critic_audit_version": __version__,
             "seconds": round(time.perf_counter() - t0, 2),
+            "input": _report.as_dict() if _report is not None else None,
         }
         config = {**base_config, "scoring": [dataclasses.asdict(sc) for sc in scorings]}
         _write_json(tmp / "summary.json", summary)

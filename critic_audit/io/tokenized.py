@@ -1,0 +1,361 @@
+"""Read already-tokenized rollouts straight into the canonical tables (no chat template).
+
+Two row layouts, in Parquet (read row group by row group) or JSON / JSONL (JSONL line by line):
+
+* **sequence rows** (verl-style): ``input_ids`` (list of ints), ``response_mask`` (same length, 1 on
+  policy tokens; turn k = the k-th run of 1s), optional ``attention_mask`` (positions with 0 are
+  padding and dropped), ``values`` (same length; ``values[t]`` is V of the state before token t, as
+  verl stores it, so it becomes the canonical ``value`` at position t), ``old_log_probs`` (length
+  checked, not stored), ``reward`` (a number, or per-token rewards that are summed), ``success``, an
+  id (``trajectory_id``, ``id``, ``traj_id``), a group (``group_id``, ``uid``, ``prompt_id``, ...) and
+  a training ``step`` (-> ``checkpoint``).
+* **step rows** (PrimeIntellect verifiers): ``prompt_ids``, ``completion_ids``, optional
+  ``completion_mask`` (default all 1) and ``reward``, one row per model call; consecutive rows with
+  the same id are the steps of one rollout. A row may instead hold all its steps in a ``trajectory``
+  list (each step with those fields, directly or under ``tokens``). Each step's prompt must extend the
+  sequence so far (the previous prompt and completion); the tokens it adds are environment tokens
+  (mask 0), then the completion's tokens carry its mask. The rollout's reward is the row's ``reward``
+  (for step rows: the last step's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from critic_audit.errors import InputError
+from critic_audit.io.chat import ChatReadOptions, _Ctx, _short, _type_name
+from critic_audit.io.common import (
+    IdRegistry, InputOptions, ReadReport, error, files_of, guarded, iter_json_records, record_fields,
+)
+from critic_audit.schema import TOKEN_SCHEMA, TRAJECTORY_SCHEMA, validate
+
+__all__ = ["read_tokenized", "is_tokenized_record", "tokenized_columns", "sequences_to_tables", "TokenSequence"]
+
+_SUFFIXES = (".parquet", ".json", ".jsonl", ".ndjson")
+TOK_ID_KEYS = ("trajectory_id", "id", "traj_id")
+TOK_GROUP_KEYS = ("group_id", "uid", "prompt_id", "task_id", "question_id", "instance_id", "example_id")
+#: Fields holding token data (not repeated in the metadata).
+_TOKEN_FIELDS = ("input_ids", "response_mask", "attention_mask", "values", "old_log_probs", "prompt_ids",
+                 "completion_ids", "completion_mask", "prompt_mask", "completion_logprobs", "trajectory",
+                 "position_ids", "token_level_rewards", "token_level_scores", "advantages", "returns")
+
+
+def is_tokenized_record(rec: Any) -> bool:
+    """A sequence row or a step row (used by format detection)."""
+    if not isinstance(rec, Mapping):
+        return False
+    if "input_ids" in rec and "response_mask" in rec:
+        return True
+    if "prompt_ids" in rec and "completion_ids" in rec:
+        return True
+    traj = rec.get("trajectory")
+    if isinstance(traj, list) and traj and isinstance(traj[0], Mapping):
+        st = traj[0].get("tokens") if isinstance(traj[0].get("tokens"), Mapping) else traj[0]
+        return "prompt_ids" in st and "completion_ids" in st
+    return False
+
+
+def tokenized_columns(columns: list[str]) -> bool:
+    """Parquet columns of a tokenized file (as opposed to a canonical tokens table)."""
+    cols = set(columns)
+    return {"input_ids", "response_mask"} <= cols or {"prompt_ids", "completion_ids"} <= cols
+
+
+@dataclass
+class TokenSequence:
+    """One tokenized rollout on its way to the canonical tables."""
+
+    trajectory_id: str
+    token_ids: np.ndarray
+    response_mask: np.ndarray
+    values: np.ndarray | None
+    reward: float | None
+    success: bool | None
+    group_id: str | None
+    checkpoint: str | None
+    source: str | None
+    metadata: dict[str, Any]
+
+
+def _int_list(v: Any, name: str, ctx: _Ctx, *, mask: bool = False) -> np.ndarray:
+    if hasattr(v, "tolist") and not isinstance(v, (list, str)):
+        v = v.tolist()
+    if not isinstance(v, list):
+        raise error(ctx, "bad_tokens", f"{name} is {_type_name(v)} {_short(v, 40)}, not a list",
+                    f"write {name} as a list of integers")
+    lo, hi = (0, 1) if mask else (0, 2**31 - 1)
+    try:
+        arr = np.asarray(v)
+    except (ValueError, TypeError, OverflowError):
+        arr = np.asarray([], dtype=object)
+    if arr.ndim == 1 and (arr.dtype.kind in "iub" or arr.size == 0) and (arr.dtype.kind != "b" or mask):
+        arr = arr.astype(np.int64) if arr.size else np.zeros(0, dtype=np.int64)
+        if arr.size == 0 or (arr.min() >= lo and arr.max() <= hi):
+            return arr
+    for i, x in enumerate(v):  # find the first bad entry for the message
+        ok = (isinstance(x, bool) and mask) or (isinstance(x, int) and not isinstance(x, bool)) \
+            or (isinstance(x, float) and x.is_integer())
+        if not ok or not (lo <= x <= hi):
+            want = "0/1" if mask else "a token id (0 <= id < 2^31)"
+            raise error(ctx, "bad_tokens", f"{name}[{i}] = {_short(x, 30)} is not {want}",
+                        f"write {name} as a list of {'0/1 values' if mask else 'non-negative integer ids'}")
+    return np.asarray([int(x) for x in v], dtype=np.int64)
+
+
+def _float_list(v: Any, name: str, ctx: _Ctx) -> np.ndarray:
+    if hasattr(v, "tolist") and not isinstance(v, (list, str)):
+        v = v.tolist()
+    if not isinstance(v, list):
+        raise error(ctx, "bad_values", f"{name} is {_type_name(v)} {_short(v, 40)}, not a list",
+                    f"write {name} as a list of numbers")
+    out = np.empty(len(v), dtype=np.float64)
+    for i, x in enumerate(v):
+        if x is None:
+            out[i] = np.nan
+        elif isinstance(x, (int, float)) and not isinstance(x, bool) and not (isinstance(x, float) and math.isinf(x)):
+            out[i] = float(x)
+        else:
+            raise error(ctx, "bad_values", f"{name}[{i}] = {_short(x, 30)} is not a finite number",
+                        f"write {name} as a list of finite numbers (null where unknown)")
+    return out
+
+
+def _same_len(arr: np.ndarray, n: int, name: str, ctx: _Ctx) -> None:
+    if len(arr) != n:
+        raise error(ctx, "length_mismatch", f"{name} has {len(arr)} entries, input_ids {n}",
+                    f"give {name} one entry per token of input_ids")
+
+
+def _reward_value(rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Replace a per-token reward list by its sum (so the chat reward parser reads it)."""
+    for k in ("reward", "score", "return", "outcome_reward"):
+        v = rec.get(k)
+        if hasattr(v, "tolist") and not isinstance(v, (list, str)):
+            v = v.tolist()
+        if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            return {**rec, k: float(sum(v))}
+    return rec
+
+
+def _fields(rec: Mapping[str, Any], ctx: _Ctx, opts: ChatReadOptions, iopts: InputOptions):
+    """Id, reward, success, group, checkpoint of a row; ids from :data:`TOK_ID_KEYS` and groups from
+    :data:`TOK_GROUP_KEYS` (``uid`` is verl's group uid, shared by the rollouts of one prompt)."""
+    rec = _reward_value(rec)
+    id_key = opts.id_key or next((k for k in TOK_ID_KEYS if k in rec), None)
+    group_key = opts.group_key or next((k for k in TOK_GROUP_KEYS if k in rec), None)
+    none = "\x00none"  # a field name no record has: "no such field"
+    o = dataclasses.replace(opts, id_key=id_key or none, group_key=group_key or none)
+    return rec, record_fields(rec, ctx, o, iopts)
+
+
+def _metadata(rec: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
+    out = {}
+    for k, v in rec.items():
+        if k in used or k in _TOKEN_FIELDS:
+            continue
+        if hasattr(v, "tolist") and not isinstance(v, (list, str)):
+            v = v.tolist()
+        out[str(k)] = v
+    return out
+
+
+def _sequence_row(rec: Mapping[str, Any], ctx: _Ctx, opts: ChatReadOptions, iopts: InputOptions,
+                  source: str) -> TokenSequence:
+    rec, f = _fields(rec, ctx, opts, iopts)
+    ids = _int_list(rec.get("input_ids"), "input_ids", ctx)
+    n = len(ids)
+    mask = _int_list(rec.get("response_mask"), "response_mask", ctx, mask=True)
+    _same_len(mask, n, "response_mask", ctx)
+    keep = np.ones(n, dtype=bool)
+    if rec.get("attention_mask") is not None:
+        att = _int_list(rec["attention_mask"], "attention_mask", ctx, mask=True)
+        _same_len(att, n, "attention_mask", ctx)
+        keep = att.astype(bool)
+    values = None
+    if rec.get("values") is not None:
+        values = _float_list(rec["values"], "values", ctx)
+        _same_len(values, n, "values", ctx)
+        values = values[keep]
+    if rec.get("old_log_probs") is not None:
+        _same_len(_float_list(rec["old_log_probs"], "old_log_probs", ctx), n, "old_log_probs", ctx)
+    return TokenSequence(f.trajectory_id, ids[keep], mask[keep].astype(bool), values, f.reward, f.success,
+                         f.group_id, f.checkpoint, source, _metadata(rec, f.used))
+
+
+def _steps_to_sequence(steps: list[Any], ctx: _Ctx) -> tuple[np.ndarray, np.ndarray]:
+    seq: list[int] = []
+    mask: list[int] = []
+    for k, st in enumerate(steps):
+        if not isinstance(st, Mapping):
+            raise error(ctx, "bad_step", f"step {k} is {_type_name(st)}, not an object",
+                        "write each step as {prompt_ids, completion_ids, completion_mask}")
+        tok = st.get("tokens") if isinstance(st.get("tokens"), Mapping) else st
+        p = _int_list(tok.get("prompt_ids"), f"step {k} prompt_ids", ctx).tolist()
+        c = _int_list(tok.get("completion_ids"), f"step {k} completion_ids", ctx).tolist()
+        cm = tok.get("completion_mask")
+        cmask = [1] * len(c) if cm is None else _int_list(cm, f"step {k} completion_mask", ctx, mask=True).tolist()
+        if len(cmask) != len(c):
+            raise error(ctx, "length_mismatch", f"step {k}: completion_mask has {len(cmask)} entries, "
+                        f"completion_ids {len(c)}", "give completion_mask one entry per completion token")
+        if p[: len(seq)] != seq:
+            raise error(ctx, "not_prefix", f"step {k}'s prompt_ids do not extend the sequence of the steps before it",
+                        "write steps whose prompt is the previous prompt + completion + new environment tokens "
+                        "(a template that re-renders earlier turns breaks this), or one sequence row per rollout")
+        mask += [0] * (len(p) - len(seq)) + cmask
+        seq = p + c
+    return np.asarray(seq, dtype=np.int64), np.asarray(mask, dtype=bool)
+
+
+def _steps_row(rec: Mapping[str, Any], steps: list[Any], ctx: _Ctx, opts: ChatReadOptions, iopts: InputOptions,
+               source: str) -> TokenSequence:
+    rec, f = _fields(rec, ctx, opts, iopts)
+    ids, mask = _steps_to_sequence(steps, ctx)
+    meta = _metadata(rec, f.used)
+    meta["n_steps"] = len(steps)
+    return TokenSequence(f.trajectory_id, ids, mask, None, f.reward, f.success, f.group_id, f.checkpoint,
+                         source, meta)
+
+
+def _iter_rows(file: Path, iopts: InputOptions, report: ReadReport | None) -> Iterator[tuple[Any, _Ctx]]:
+    if file.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(file)
+        except Exception as e:  # pyarrow raises many types for a corrupt file
+            raise InputError(f"cannot read Parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
+                             path=file, fix="pass a Parquet file of tokenized rows") from None
+        index = 0
+        for rg in range(pf.num_row_groups):
+            for row in pf.read_row_group(rg).to_pylist():
+                yield row, _Ctx(file, index)
+                index += 1
+        return
+    yield from iter_json_records(file, is_tokenized_record, "tokenized", iopts.lenient, report)
+
+
+def _group_steps(rows: Iterator[tuple[Any, _Ctx]], opts: ChatReadOptions) -> Iterator[tuple[Any, _Ctx, list | None]]:
+    """Merge consecutive step rows of one rollout: yields ``(record, ctx, steps or None)``."""
+    pend: tuple[Any, _Ctx, list, Any] | None = None
+    for rec, ctx in rows:
+        is_step = isinstance(rec, Mapping) and "prompt_ids" in rec and "completion_ids" in rec \
+            and "input_ids" not in rec
+        if is_step:
+            key = opts.id_key or next((k for k in (*TOK_ID_KEYS, "example_id") if k in rec), None)
+            rid = rec.get(key) if key else None
+            if pend is not None and rid is not None and pend[3] == rid:
+                pend[2].append(rec)
+                pend = (rec, pend[1], pend[2], rid)  # the last step carries the reward
+                continue
+            if pend is not None:
+                yield pend[0], pend[1], pend[2]
+            pend = (rec, ctx, [rec], rid if rid is not None else object())
+            continue
+        if pend is not None:
+            yield pend[0], pend[1], pend[2]
+            pend = None
+        if isinstance(rec, Mapping) and isinstance(rec.get("trajectory"), list) and "input_ids" not in rec:
+            yield rec, ctx, rec["trajectory"]
+        else:
+            yield rec, ctx, None
+    if pend is not None:
+        yield pend[0], pend[1], pend[2]
+
+
+def iter_tokenized(
+    path: str | Path,
+    options: ChatReadOptions | None = None,
+    input_options: InputOptions | None = None,
+    report: ReadReport | None = None,
+) -> Iterator[TokenSequence]:
+    """Yield the tokenized rollouts of a file or directory (``*.parquet``, ``*.json``, ``*.jsonl``)."""
+    opts = options or ChatReadOptions()
+    iopts = input_options or InputOptions()
+    ids = IdRegistry()
+    for file in files_of(Path(path), _SUFFIXES, "tokenized"):
+        source = opts.source if opts.source is not None else file.stem
+        for rec, ctx, steps in _group_steps(_iter_rows(file, iopts, report), opts):
+            def convert(rec: Any = rec, ctx: _Ctx = ctx, steps: list | None = steps) -> TokenSequence:
+                if not isinstance(rec, Mapping):
+                    raise error(ctx, "not_an_object", f"row is {_type_name(rec)} {_short(rec)}, not an object",
+                                'write rows as {"input_ids": [...], "response_mask": [...], "reward": ...}')
+                if steps is not None:
+                    seq = _steps_row(rec, steps, ctx, opts, iopts, source)
+                elif "input_ids" in rec or "response_mask" in rec:
+                    seq = _sequence_row(rec, ctx, opts, iopts, source)
+                else:
+                    raise error(ctx, "no_tokens", f"row has neither input_ids + response_mask nor prompt_ids + "
+                                f"completion_ids; keys {sorted(map(str, rec))[:10]}",
+                                "write tokenized rows (see docs/input_formats.md), or pick another --format")
+                ids.check(seq.trajectory_id, ctx)
+                return seq
+
+            seq = guarded(convert, iopts.lenient, report)
+            if seq is not None:
+                yield seq
+
+
+def sequences_to_tables(seqs: list[TokenSequence]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The canonical ``(trajectories, tokens)`` tables of tokenized rollouts (turn k = k-th run of 1s)."""
+    import json
+
+    tids, pos, tok, role, turn, rmask, val = [], [], [], [], [], [], []
+    n_turns = []
+    for s in seqs:
+        n = len(s.token_ids)
+        m = s.response_mask.astype(bool)
+        starts = m & ~np.concatenate([[False], m[:-1]]) if n else m
+        k = np.cumsum(starts) - 1
+        t = np.where(m, k, -1)
+        n_turns.append(int(starts.sum()))
+        tids.append(np.full(n, s.trajectory_id, dtype=object))
+        pos.append(np.arange(n, dtype=np.int32))
+        tok.append(s.token_ids.astype(np.int64))
+        role.append(np.where(m, "assistant", None).astype(object))
+        turn.append(t)
+        rmask.append(m)
+        val.append(s.values if s.values is not None else np.full(n, np.nan))
+    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.empty(0, dtype=dt))
+    turn_arr = cat(turn, np.int64)
+    tokens = pl.DataFrame({
+        "trajectory_id": pl.Series(cat(tids, object).tolist(), dtype=pl.String),
+        "position": pl.Series(cat(pos, np.int32), dtype=pl.Int32),
+        "token_id": pl.Series(cat(tok, np.int64), dtype=pl.Int64).cast(pl.Int32),
+        "role": pl.Series(cat(role, object).tolist(), dtype=pl.String),
+        "turn": pl.Series(turn_arr, dtype=pl.Int64).cast(pl.Int32),
+        "response_mask": pl.Series(cat(rmask, bool), dtype=pl.Boolean),
+        "value": pl.Series(cat(val, np.float64), dtype=pl.Float64).fill_nan(None).cast(pl.Float32),
+    }).with_columns(turn=pl.when(pl.col("turn") >= 0).then(pl.col("turn")).otherwise(None))
+    trajs = pl.DataFrame({
+        "trajectory_id": [s.trajectory_id for s in seqs],
+        "group_id": [s.group_id for s in seqs],
+        "checkpoint": [s.checkpoint for s in seqs],
+        "source": [s.source for s in seqs],
+        "reward": [s.reward for s in seqs],
+        "success": [s.success for s in seqs],
+        "num_turns": n_turns,
+        "metadata": [json.dumps(s.metadata, default=str, ensure_ascii=False) for s in seqs],
+    }, schema=TRAJECTORY_SCHEMA)
+    return trajs, validate(tokens.select(list(TOKEN_SCHEMA)), "tokens")
+
+
+def read_tokenized(
+    path: str | Path,
+    options: ChatReadOptions | None = None,
+    input_options: InputOptions | None = None,
+    report: ReadReport | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Read tokenized rollouts into the canonical ``(trajectories, tokens)`` tables.
+
+    Raises:
+        InputError: a bad row (strict mode), or a file that cannot be read.
+    """
+    return sequences_to_tables(list(iter_tokenized(path, options, input_options, report)))

@@ -1,0 +1,146 @@
+"""Write a verl training batch into the canonical tables, one file pair per step, so that
+``critic-audit analyze DIR`` audits the critic of a verl run without re-scoring anything.
+
+Call it from the trainer after the critic has computed values (``RayPPOTrainer.fit``, after
+``compute_values`` / ``compute_advantage``)::
+
+    from critic_audit.io.verl_dump import dump_verl_batch
+    dump_verl_batch(batch, "critic_audit_dump/", step=self.global_steps)
+
+``batch`` is a ``DataProto`` (its ``.batch`` tensors and ``.non_tensor_batch`` arrays are read) or a
+plain dict of torch tensors / numpy arrays. Fields read (``B`` rows, prompt length ``P``, response
+length ``R``):
+
+* ``responses`` [B, R] and either ``input_ids`` [B, P+R] or ``prompts`` [B, P];
+* ``attention_mask`` [B, P+R] (padding = 0 is dropped; default: all 1);
+* ``response_mask`` [B, R] (1 on policy tokens; multi-turn: 0 on tool / user tokens inside the
+  response); default: ``attention_mask[:, -R:]``;
+* ``values`` [B, R] (optional): ``values[:, i]`` is V of the state before response token i, the
+  canonical ``value`` of that token; prompt tokens get no value;
+* ``token_level_rewards`` or ``token_level_scores`` [B, R] (optional): the row's reward is their sum;
+* ``uid`` (non-tensor, optional): verl's prompt uid -> ``group_id``.
+
+Success follows the automatic rule of :func:`critic_audit.io.common.success_of` (a reward in [0, 1]:
+``>= 0.5``; outside: ``> 0``).
+
+Written: ``DIR/step_{step:08d}.trajectories.parquet`` and ``DIR/step_{step:08d}.tokens.parquet``
+(trajectory ids ``step{step}:{row}``, ``checkpoint`` = the step, ``source`` = ``verl``). Each file is
+written to a temporary name and renamed; the tokens file is renamed last, and readers only look at
+steps whose tokens file exists, so a reader never sees half a pair. ``old_log_probs`` is not stored.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from critic_audit.io.common import success_of
+from critic_audit.io.tokenized import TokenSequence, sequences_to_tables
+
+__all__ = ["dump_verl_batch", "step_files"]
+
+
+def _np(x: Any) -> np.ndarray:
+    """A numpy array from a torch tensor (any device / dtype) or an array-like."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
+            x = x.float()
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _fields(batch: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(batch, Mapping):
+        out.update(batch)
+    else:
+        tensors = getattr(batch, "batch", None)
+        if tensors is not None:
+            for k in tensors.keys():
+                out[k] = tensors[k]
+        out.update(getattr(batch, "non_tensor_batch", None) or {})
+    return out
+
+
+def step_files(out_dir: str | Path, step: int) -> tuple[Path, Path]:
+    """The ``(trajectories, tokens)`` paths of ``step`` in ``out_dir``."""
+    d = Path(out_dir)
+    return d / f"step_{step:08d}.trajectories.parquet", d / f"step_{step:08d}.tokens.parquet"
+
+
+def dump_verl_batch(batch_or_dict: Any, out_dir: str | Path, *, step: int, source: str = "verl") -> tuple[Path, Path]:
+    """Write one training step's batch as canonical tables (see the module docstring).
+
+    Returns the ``(trajectories, tokens)`` paths.
+
+    Raises:
+        ValueError: a missing field or inconsistent shapes (a programming error in the caller).
+    """
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    step = int(step)
+    f = _fields(batch_or_dict)
+    if "responses" not in f:
+        raise ValueError("batch has no 'responses' tensor")
+    resp = _np(f["responses"]).astype(np.int64)
+    if resp.ndim != 2:
+        raise ValueError(f"responses must be [batch, response_length], got shape {resp.shape}")
+    b, r = resp.shape
+    if "input_ids" in f:
+        ids = _np(f["input_ids"]).astype(np.int64)
+    elif "prompts" in f:
+        ids = np.concatenate([_np(f["prompts"]).astype(np.int64), resp], axis=1)
+    else:
+        raise ValueError("batch has neither 'input_ids' nor 'prompts'")
+    if ids.ndim != 2 or ids.shape[0] != b or ids.shape[1] < r:
+        raise ValueError(f"input_ids shape {ids.shape} does not fit responses {resp.shape}")
+    length = ids.shape[1]
+    p = length - r
+    att = _np(f["attention_mask"]).astype(bool) if "attention_mask" in f else np.ones((b, length), dtype=bool)
+    if att.shape != (b, length):
+        raise ValueError(f"attention_mask shape {att.shape} != input_ids shape {(b, length)}")
+    rmask = _np(f["response_mask"]).astype(bool) if "response_mask" in f else att[:, p:]
+    if rmask.shape != (b, r):
+        raise ValueError(f"response_mask shape {rmask.shape} != responses shape {(b, r)}")
+    values = _np(f["values"]).astype(np.float64) if f.get("values") is not None else None
+    if values is not None and values.shape != (b, r):
+        raise ValueError(f"values shape {values.shape} != responses shape {(b, r)}")
+    rew_key = next((k for k in ("token_level_rewards", "token_level_scores") if f.get(k) is not None), None)
+    rewards = _np(f[rew_key]).astype(np.float64).reshape(b, -1).sum(axis=1) if rew_key else None
+    uid = f.get("uid")
+    uids = None if uid is None else [None if u is None else str(u) for u in list(_np(uid).reshape(-1))]
+    if uids is not None and len(uids) != b:
+        raise ValueError(f"uid has {len(uids)} entries for {b} rows")
+
+    seqs = []
+    full_mask = np.concatenate([np.zeros((b, p), dtype=bool), rmask], axis=1) & att
+    for i in range(b):
+        keep = att[i]
+        v = None
+        if values is not None:
+            v = np.concatenate([np.full(p, np.nan), values[i]])[keep]
+        reward = None if rewards is None else float(rewards[i])
+        seqs.append(TokenSequence(
+            trajectory_id=f"step{step}:{i}", token_ids=ids[i][keep], response_mask=full_mask[i][keep], values=v,
+            reward=reward, success=None if reward is None else success_of(reward, None), group_id=uids[i] if uids else None,
+            checkpoint=str(step), source=source, metadata={"row": i}))
+    trajs, tokens = sequences_to_tables(seqs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    traj_path, tok_path = step_files(out, step)
+    for df, path in ((trajs, traj_path), (tokens, tok_path)):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=out)
+        os.close(fd)
+        try:
+            df.write_parquet(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return traj_path, tok_path
