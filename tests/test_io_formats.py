@@ -503,3 +503,19 @@ def test_lenient_chat_counts(tmp_path):
     convs = read_inputs([p], input_options=InputOptions(lenient=True), report=rep)
     assert [c.trajectory_id for c in convs] == ["t0", "t1"]
     assert rep.as_dict()["skipped"] == {"bad_record": 1, "malformed_json": 1}
+
+
+def test_mixed_folder(tmp_path):
+    from conftest import conv
+
+    d = tmp_path / "runs"
+    d.mkdir()
+    (d / "a_chat.json").write_text(json.dumps([conv(i, 2, 1.0) for i in range(2)]))
+    write_jsonl(d / "b_resp.jsonl", [dict(nemo_record(i, -2.0), id=f"n{i}") for i in range(2)])
+    assert detect_format(d) == "mixed"
+    convs = read_inputs([d])
+    assert [c.trajectory_id for c in convs] == ["t0", "t1", "n0", "n1"]
+    assert [c.success for c in convs] == [True, True, False, False]
+    write_jsonl(d / "c_dup.jsonl", [dict(nemo_record(0, 1.0), id="t0")])
+    with pytest.raises(InputError, match="duplicate trajectory id 't0'"):
+        read_inputs([d])

@@ -32,7 +32,8 @@ from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, validate
 __all__ = ["detect_format", "is_table_format", "iter_conversations", "read_table_input", "FORMATS",
            "CONVERSATION_FORMATS", "TABLE_FORMATS"]
 
-CONVERSATION_FORMATS = ("chat", "responses", "react", "swe")
+#: ``mixed``: a folder whose files hold different conversation formats (each file read with its own).
+CONVERSATION_FORMATS = ("chat", "responses", "react", "swe", "mixed")
 #: ``tables``: canonical tables (a folder with tokens.parquet, a tokens Parquet file, a verl dump folder).
 TABLE_FORMATS = ("tokenized", "tables")
 _TEXT_SUFFIXES = (".txt", ".log")
@@ -119,7 +120,8 @@ def detect_format(path: str | Path, messages_key: str | None = None) -> str:
     ``responses_create_params`` / ``response.output`` / typed ``output`` items -> ``responses``; a
     transcript string with ``Thought:`` / ``Action:`` lines -> ``react``; anything else -> ``chat``). A
     folder takes the format of its files when they agree; otherwise ``chat`` (and the chat reader names
-    the first file it cannot read).
+    the first file it cannot read); files of different conversation formats make the folder
+    ``mixed``: each file is read with its own format.
 
     Raises:
         InputError: the path does not exist.
@@ -152,6 +154,8 @@ def _detect(p: Path, messages_key: str | None) -> str:
         kinds = {detect_format(q, messages_key) for q in files}
         if len(kinds) == 1:
             return kinds.pop()
+        if len(kinds) > 1 and kinds <= set(CONVERSATION_FORMATS):
+            return "mixed"
         return "chat"
     return _file_format(p, messages_key)
 
@@ -218,6 +222,8 @@ def iter_conversations(
     opts = options or ChatReadOptions()
     iopts = input_options or InputOptions()
     p = Path(path)
+    if fmt == "mixed":
+        return _mixed(p, opts, iopts, report)
     if fmt == "chat":
         from critic_audit.io.chat import iter_chat
 
@@ -238,6 +244,21 @@ def iter_conversations(
         raise InputError(f"the format {fmt!r} does not hold conversations", path=p,
                          fix=f"use one of {list(CONVERSATION_FORMATS)}, or read it as a table input")
     return _apply_labels(it, iopts) if iopts.labels is not None else it
+
+
+def _mixed(folder: Path, opts: ChatReadOptions, iopts: InputOptions,
+           report: ReadReport | None) -> Iterator[Conversation]:
+    """A folder of files in different conversation formats, file by file (ids unique across them)."""
+    from critic_audit.io.common import IdRegistry
+
+    ids = IdRegistry()
+    files = sorted(q for q in folder.iterdir() if q.is_file() and not q.name.startswith(".")
+                   and q.name.lower().endswith((*DIR_SUFFIXES, *_TEXT_SUFFIXES)))
+    for q in files:
+        fmt = detect_format(q, opts.messages_key)
+        for c in iter_conversations(q, fmt, opts, iopts, report):
+            ids.check(c.trajectory_id, _Ctx(q, 0))
+            yield c
 
 
 def read_table_input(
