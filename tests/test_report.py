@@ -131,3 +131,26 @@ def test_markdown_breakdowns_listed():
     res = audit(trajs, tokens, AuditConfig(n_boot=50, group_by=("checkpoint",)))
     md = report_markdown(res.summary, [])
     assert "## By success" in md and "## By checkpoint" in md and "| c1 |" in md
+
+
+def test_audit_parquet_equals_in_memory(tmp_path):
+    from critic_audit.analysis.audit import audit_parquet
+
+    trajs, tokens = _tables(n=9, turns=4, seed=3)
+    # one trajectory only in the trajectories table (no tokens): excluded as no_tokens by both
+    extra = trajs.head(1).with_columns(trajectory_id=pl.lit("zz"))
+    trajs = pl.concat([trajs, extra])
+    tokens = tokens.sort("trajectory_id", "position")
+    path = tmp_path / "tokens.parquet"
+    tokens.write_parquet(path, row_group_size=7)
+    cfg = AuditConfig(n_boot=100)
+    mem = audit(trajs, tokens, cfg)
+    streamed = audit_parquet(trajs, path, cfg, batch_rows=5)
+    a, b = mem.summary, streamed.summary
+    assert a["excluded"] == b["excluded"] == {"no_tokens": 1}
+    assert a["eta2_median"] == b["eta2_median"]
+    assert a["frac_ss_between_gt_within"] == b["frac_ss_between_gt_within"]
+    assert a["critic_quality"]["explained_variance"] == pytest.approx(b["critic_quality"]["explained_variance"], abs=1e-9)
+    assert a["boundary"] == pytest.approx(b["boundary"])
+    cols = ["trajectory_id", "eta2", "omega2", "excluded"]
+    assert mem.per_trajectory.select(cols).equals(streamed.per_trajectory.select(cols))

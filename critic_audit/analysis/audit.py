@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from critic_audit.analysis.decompose import bootstrap_ci, decompose, explained_variance
+from critic_audit.analysis.decompose import bootstrap_ci, decompose
 from critic_audit.errors import ConfigError, SchemaError
 
 SCOPES = ("assistant", "all")
@@ -174,6 +175,46 @@ def audit(
         num_trajectories=len(ids),
     )
     per = pl.concat([trajectories, stats], how="horizontal")
+    return _finish(per, config, pre_excluded, critic_quality(per, sel))
+
+
+def audit_parquet(
+    trajectories: pl.DataFrame,
+    tokens_path: str | Path,
+    config: AuditConfig = AuditConfig(),
+    *,
+    pre_excluded: dict[str, str] | None = None,
+    batch_rows: int = 1 << 20,
+) -> AuditResult:
+    """:func:`audit` for a tokens table on disk, streamed: memory stays bounded by ``batch_rows``.
+
+    The per-trajectory statistics come from :func:`critic_audit.analysis.stream.decompose_parquet`
+    (identical to :func:`audit`'s); critic quality from a streaming polars scan. Requires the table
+    sorted by ``(trajectory_id, position)`` with every policy token valued.
+
+    Raises:
+        SchemaError: unsorted rows, a policy token without a value, or token rows whose trajectory is
+            not in ``trajectories``.
+    """
+    from critic_audit.analysis.stream import decompose_parquet
+
+    stats = decompose_parquet(tokens_path, scope=config.scope, batch_rows=batch_rows)
+    unknown = stats.join(trajectories.select("trajectory_id"), on="trajectory_id", how="anti").height
+    if unknown:
+        raise SchemaError(f"{unknown} trajectory id(s) in the tokens table are missing from the trajectories table",
+                          path=str(tokens_path), fix="write both tables from the same rollouts")
+    per = trajectories.join(stats, on="trajectory_id", how="left", maintain_order="left")
+    per = per.with_columns(excluded=pl.when(pl.col("n_tokens").is_null()).then(pl.lit("no_tokens"))
+                           .otherwise(pl.col("excluded")),
+                           n_tokens=pl.col("n_tokens").fill_null(0), n_turns=pl.col("n_turns").fill_null(0),
+                           n_boundary_steps=pl.col("n_boundary_steps").fill_null(0),
+                           n_within_steps=pl.col("n_within_steps").fill_null(0))
+    return _finish(per, config, pre_excluded, critic_quality_lazy(per, pl.scan_parquet(tokens_path)))
+
+
+def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str] | None,
+            quality: dict[str, Any]) -> AuditResult:
+    """Exclusions before scoring, turn buckets, and the summary, from the per-trajectory table."""
     pre = pre_excluded or {}
     if pre:
         pre_df = pl.DataFrame({"trajectory_id": list(pre), "_pre": list(pre.values())},
@@ -200,8 +241,8 @@ def audit(
                                    n_boot=config.n_boot, seed=config.seed)
         summary[label] = {"estimate": _num(est), "ci95": [_num(lo), _num(hi)]}
     for col in ("omega2", "icc1", "f_stat"):
-        summary[f"{col}_median"] = _num(np.nanmedian(inc[col].fill_nan(None).drop_nulls().to_numpy())
-                                         if inc[col].fill_nan(None).drop_nulls().len() else float("nan"))
+        vals = inc[col].fill_nan(None).drop_nulls()
+        summary[f"{col}_median"] = _num(float(np.median(vals.to_numpy())) if vals.len() else None)
     b_abs, w_abs = inc["boundary_abs"].sum(), inc["within_abs"].sum()
     n_b, n_w = inc["n_boundary_steps"].sum(), inc["n_within_steps"].sum()
     summary["boundary"] = {
@@ -210,7 +251,7 @@ def audit(
         "n_boundary_steps": int(n_b),
         "n_within_steps": int(n_w),
     }
-    summary["critic_quality"] = critic_quality(per, sel)
+    summary["critic_quality"] = quality
     summary["by_success"] = breakdown(per, "success", config)
     summary["by_source"] = breakdown(per, "source", config)
     summary["by_checkpoint"] = breakdown(per, "checkpoint", config)
@@ -279,17 +320,30 @@ def critic_quality(per_trajectory: pl.DataFrame, selected_tokens: pl.DataFrame) 
     ``corr_mean_value_reward`` is the Pearson correlation of each trajectory's mean value with its reward.
     Both are None when the rollouts carry no rewards.
     """
+    return critic_quality_lazy(per_trajectory, selected_tokens.lazy())
+
+
+def critic_quality_lazy(per_trajectory: pl.DataFrame, tokens: pl.LazyFrame) -> dict[str, Any]:
+    """:func:`critic_quality` over a lazy tokens table (streamed: five running sums over policy tokens)."""
     inc = per_trajectory.filter(pl.col("excluded").is_null() & pl.col("reward").is_not_null())
     if inc.height < 2:
         return {"explained_variance": None, "corr_mean_value_reward": None, "n_trajectories": inc.height}
-    tok = selected_tokens.filter(pl.col("response_mask")).join(
-        inc.select("trajectory_id", "reward"), on="trajectory_id", how="inner")
-    ev = explained_variance(tok["value"].to_numpy(), tok["reward"].to_numpy())
+    # EV = 1 - Var(R - V) / Var(R), pooled over tokens, from running sums (float64)
+    sums = (tokens.filter(pl.col("response_mask"))
+            .join(inc.lazy().select("trajectory_id", "reward"), on="trajectory_id", how="inner")
+            .select(n=pl.len(), sr=pl.col("reward").sum(), srr=(pl.col("reward") ** 2).sum(),
+                    se=(pl.col("reward") - pl.col("value").cast(pl.Float64)).sum(),
+                    see=((pl.col("reward") - pl.col("value").cast(pl.Float64)) ** 2).sum())
+            .collect(engine="streaming").row(0, named=True))
+    n = sums["n"]
+    var_r = sums["srr"] / n - (sums["sr"] / n) ** 2 if n else 0.0
+    var_e = sums["see"] / n - (sums["se"] / n) ** 2 if n else 0.0
+    ev = 1.0 - var_e / var_r if n and var_r > 1e-12 * max(1.0, sums["srr"] / n) else float("nan")
     mv, rw = inc["value_mean"].to_numpy(), inc["reward"].to_numpy()
     corr = float(np.corrcoef(mv, rw)[0, 1]) if np.std(mv) > 0 and np.std(rw) > 0 else float("nan")
     return {
         "explained_variance": _num(ev),
         "corr_mean_value_reward": _num(corr),
         "n_trajectories": inc.height,
-        "n_tokens": tok.height,
+        "n_tokens": int(n),
     }
