@@ -1,6 +1,9 @@
-"""Load a critic (value model) checkpoint: a Hugging Face token-classification folder with one label.
+"""Load a critic (value model) checkpoint.
 
-Accepted layout (what verl, TRL and :func:`critic_audit.critic.fit.save_critic` write)::
+:func:`load_critic` detects the format (:mod:`critic_audit.critic.formats`: HF token classification,
+verl exports and FSDP shards, TRL value-head and sequence-classification models, OpenRLHF critics,
+PEFT LoRA adapters, GGUF backbones with a head file). The base layout (what verl, TRL and
+:func:`critic_audit.critic.fit.save_critic` write)::
 
     config.json                     num_labels=1; architectures may still name a causal LM (verl)
     model.safetensors               or sharded: model.safetensors.index.json + model-0000x-of-0000y.safetensors
@@ -14,10 +17,12 @@ hidden state cast to float32, so a bf16 backbone does not quantize the values th
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,6 +61,9 @@ class Critic:
         dtype: the backbone compute dtype.
         max_length: the critic's context (``config.max_position_embeddings``).
         path: the checkpoint folder.
+        format: the detected checkpoint format (see :mod:`critic_audit.critic.formats`).
+        files: the files the weights were read from (the scoring cache fingerprints them).
+        details: format-specific facts (e.g. verl world size, OpenRLHF normalisation, PEFT base).
     """
 
     backbone: torch.nn.Module
@@ -65,6 +73,9 @@ class Critic:
     dtype: torch.dtype
     max_length: int
     path: Path
+    format: str = "hf-token-classification"
+    files: tuple = ()
+    details: dict = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -198,13 +209,6 @@ def read_tensor(files: list[Path], key: str) -> torch.Tensor:
     raise KeyError(key)
 
 
-def _describe_missing_head(keys: set[str]) -> str:
-    other_heads = [k for k in ("lm_head.weight", "v_head.summary.weight", "value_head.weight") if k in keys]
-    if other_heads:
-        return f"weights have {', '.join(other_heads)} but no {HEAD_PREFIX}.weight (no value head)"
-    return f"weights have no {HEAD_PREFIX}.weight (no value head; {len(keys)} tensors)"
-
-
 def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False):
     """Load the tokenizer of a checkpoint or backbone folder (fast tokenizer, chat template kept)."""
     path = Path(path)
@@ -222,90 +226,87 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False):
         ) from exc
 
 
+#: Default of ``load_critic(allow_pickle=None)``; set for a block with :func:`pickle_allowed` (the CLI's
+#: ``--allow-pickle``).
+ALLOW_PICKLE: ContextVar[bool] = ContextVar("critic_audit_allow_pickle", default=False)
+
+
+@contextlib.contextmanager
+def pickle_allowed(flag: bool = True) -> Iterator[None]:
+    """Within the block, :func:`load_critic` calls without ``allow_pickle`` use ``flag``."""
+    token = ALLOW_PICKLE.set(bool(flag))
+    try:
+        yield
+    finally:
+        ALLOW_PICKLE.reset(token)
+
+
 def load_critic(
     path: str | Path,
     *,
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "auto",
     trust_remote_code: bool = False,
+    head: str | Path | None = None,
+    allow_pickle: bool | None = None,
 ) -> Critic:
-    """Load a token-classification critic folder as a :class:`Critic`.
+    """Load a critic checkpoint as a :class:`Critic`; the format is detected (``docs/critics.md``).
 
-    Also accepts a folder whose config.json names a causal-LM architecture (verl's critic exports) as
-    long as its weights hold ``score.weight``: the model is then built as
-    ``AutoModelForTokenClassification`` with ``num_labels=1`` from that config.
+    Formats: a Hugging Face token-classification folder (``score.weight``, also when config.json names
+    a causal LM, as verl's exports do), TRL sequence-classification value models (``score.weight``
+    without bias) and value-head models (``v_head.summary.*``, also in a side file), OpenRLHF critics
+    (``value_head.weight``, ``normalize_reward`` folded in), verl FSDP sharded checkpoints
+    (``model_world_size_W_rank_r.pt`` + ``huggingface/``; pickle), a PEFT LoRA adapter on a local base
+    model (merged), a GGUF backbone (``.gguf`` file or folder) with a side head file, and any backbone
+    folder with a side head file. See :mod:`critic_audit.critic.formats`.
 
     Args:
-        path: the checkpoint folder.
+        path: the checkpoint folder (or a ``.gguf`` file).
         device: ``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         dtype: backbone compute dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), ``"float32"``/
             ``"fp32"``, ``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"``. The head is always float32.
         trust_remote_code: allow configs with ``auto_map`` (custom modelling code shipped with the
             checkpoint); refused otherwise.
+        head: a value-head file (safetensors with ``score.*``, ``v_head.summary.*`` or
+            ``value_head.*``, e.g. from ``fit-critic --head-out``) to use instead of the checkpoint's.
+        allow_pickle: read pickle weights (``*.bin``, ``*.pt``, verl FSDP shards) with
+            ``torch.load(weights_only=True)``. Default: off (see :func:`pickle_allowed`).
 
     Raises:
-        CheckpointError: missing folder or config.json, custom code without trust_remote_code,
-            pickle-only weights, no value head, or a head of the wrong shape.
+        CheckpointError: missing path, no format matches (the message lists what was found), custom
+            code without trust_remote_code, pickle weights without allow_pickle, no value head, or a
+            head of the wrong shape.
         ConfigError: an invalid device or dtype.
     """
+    from critic_audit.critic.formats import resolve
+
     path = Path(path)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    cfg_dict = read_config(path, trust_remote_code=trust_remote_code)
-    files = weight_files(path)
-    keys = weight_keys(files)
-    head_key = f"{HEAD_PREFIX}.weight"
-    if head_key not in keys:
-        raise CheckpointError(_describe_missing_head(keys), path=path, fix=FIT_FIX)
-    head_w = read_tensor(files, head_key).to(torch.float32)
-    head_b = read_tensor(files, f"{HEAD_PREFIX}.bias").to(torch.float32) if f"{HEAD_PREFIX}.bias" in keys else None
-    if head_w.ndim != 2 or head_w.shape[0] != 1:
-        raise CheckpointError(
-            f"score.weight has shape {list(head_w.shape)}, expected [1, hidden] (a one-label value head)",
-            path=path,
-            fix=FIT_FIX,
-        )
-    if head_b is not None and head_b.numel() != 1:
-        raise CheckpointError(f"score.bias has shape {list(head_b.shape)}, expected [1]", path=path, fix=FIT_FIX)
-
-    from transformers import AutoConfig, AutoModelForTokenClassification
-
-    try:
-        with quiet_transformers():
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-            config.num_labels = 1
-            archs = list(cfg_dict.get("architectures") or [])
-            if archs and not any(a.endswith("ForTokenClassification") for a in archs):
-                log.info("%s: config names %s; building a token-classification model", path, archs[0])
-            model = AutoModelForTokenClassification.from_pretrained(
-                path, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code
-            )
-    except ValueError as exc:  # e.g. an architecture without a token-classification class
-        raise CheckpointError(
-            f"cannot build a token-classification model ({str(exc).splitlines()[0]})", path=path, fix=FIT_FIX
-        ) from exc
-    backbone = getattr(model, model.base_model_prefix, None)
-    if backbone is None:
-        raise CheckpointError(f"{type(model).__name__} has no base model attribute", path=path)
+    pickle_ok = ALLOW_PICKLE.get() if allow_pickle is None else bool(allow_pickle)
+    src = resolve(path, head=Path(head) if head is not None else None, allow_pickle=pickle_ok,
+                  trust_remote_code=trust_remote_code)
+    config = src.config
+    head_w, head_b = src.head_weight, src.head_bias
     hidden = head_w.shape[1]
     cfg_hidden = getattr(config.get_text_config(), "hidden_size", hidden)
     if cfg_hidden != hidden:
         raise CheckpointError(
-            f"score.weight has {hidden} inputs but the backbone's hidden size is {cfg_hidden}", path=path, fix=FIT_FIX
+            f"the value head has {hidden} inputs but the backbone's hidden size is {cfg_hidden}", path=path, fix=FIT_FIX
         )
-    head = torch.nn.Linear(hidden, 1, bias=True, dtype=torch.float32)
+    backbone = src.build_backbone(torch_dtype)
+    head_lin = torch.nn.Linear(hidden, 1, bias=True, dtype=torch.float32)
     with torch.no_grad():
-        head.weight.copy_(head_w)
+        head_lin.weight.copy_(head_w)
         if head_b is not None:
-            head.bias.copy_(head_b.reshape(1))
+            head_lin.bias.copy_(head_b.reshape(1))
         else:
-            head.bias.zero_()
-    head.requires_grad_(False)
-    # Keep only the backbone: drop the token-classification wrapper (its score is in backbone dtype).
+            head_lin.bias.zero_()
+    head_lin.requires_grad_(False)
     backbone.eval().requires_grad_(False)
     backbone.to(dev)
-    head.eval().to(dev)
-    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    head_lin.eval().to(dev)
+    tokenizer = _load_tokenizer_of(src, trust_remote_code)
     max_length = int(
         getattr(config, "max_position_embeddings", None)
         or getattr(config.get_text_config(), "max_position_embeddings", None)
@@ -314,12 +315,54 @@ def load_critic(
     )
     if max_length <= 0:
         raise CheckpointError("config has no max_position_embeddings", path=path)
+    log.info("%s: loaded as %s", path, src.format)
     return Critic(
         backbone=backbone,
-        head=head,
+        head=head_lin,
         tokenizer=tokenizer,
         device=dev,
         dtype=torch_dtype,
         max_length=max_length,
         path=path,
+        format=src.format,
+        files=tuple(src.files),
+        details=dict(src.details),
     )
+
+
+def _load_tokenizer_of(src, trust_remote_code: bool):
+    if not src.tokenizer_kwargs:
+        return load_tokenizer(src.tokenizer_dir, trust_remote_code=trust_remote_code)
+    from transformers import AutoTokenizer
+
+    try:
+        with quiet_transformers(), contextlib.redirect_stderr(io.StringIO()):
+            return AutoTokenizer.from_pretrained(src.tokenizer_dir, **src.tokenizer_kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(
+            f"cannot load the tokenizer ({str(exc).splitlines()[0]})", path=src.tokenizer_dir,
+            fix="save the tokenizer files (tokenizer.json, tokenizer_config.json) beside the checkpoint",
+        ) from exc
+
+
+def critic_fingerprint(critic: Critic) -> dict:
+    """What identifies a critic's values, for the scoring cache: format, path, the size and mtime of
+    every file it was read from, a hash of the head, the dtype and the device type."""
+    import hashlib
+
+    files = []
+    for f in critic.files:
+        try:
+            st = Path(f).stat()
+            files.append([str(Path(f).resolve()), st.st_size, st.st_mtime_ns])
+        except OSError:
+            files.append([str(f), None, None])
+    head = torch.cat([critic.head.weight.detach().reshape(-1), critic.head.bias.detach().reshape(-1)]).float().cpu()
+    return {
+        "path": str(Path(critic.path).resolve()),
+        "format": critic.format,
+        "files": files,
+        "head_sha256": hashlib.sha256(head.numpy().tobytes()).hexdigest(),
+        "dtype": str(critic.dtype).replace("torch.", ""),
+        "device_type": critic.device.type,
+    }
