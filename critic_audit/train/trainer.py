@@ -1,0 +1,532 @@
+"""The single-node trainer: rollouts -> advantages -> clipped policy update + critic regression.
+
+One training step:
+
+1. ``prompts_per_step`` environment seeds, each run ``G`` times (a group), all episodes sampled in
+   lockstep turn by turn (:func:`~critic_audit.train.rollout.generate_episodes`);
+2. the behaviour policy's log-probabilities and the critic's values by teacher forcing (no grad);
+3. advantages and critic targets from the algorithm's estimator (``compute_advantages``);
+4. ``ppo_epochs`` passes of ``num_minibatches`` AdamW steps, each accumulated over micro-batches
+   weighted so the gradient equals the mini-batch's; the critic regresses the targets with its own
+   AdamW (skipped for critic-free algorithms); for ``optim.value_warmup_steps`` steps only the critic
+   learns;
+5. metrics to ``metrics.jsonl`` (and the callbacks), rollout tables, checkpoints.
+
+Run folder::
+
+    config.json                   the resolved configuration
+    metrics.jsonl                 one JSON object per step
+    rollouts/step_000001/         trajectories.parquet, tokens.parquet (value, old_log_prob, advantage),
+                                  rollouts.jsonl (chat format)
+    checkpoints/step_N/           policy/ (causal LM), critic/ (token classification, num_labels 1),
+                                  trainer_state.pt (optimizers, schedulers, RNG states)
+    checkpoints/latest            the name of the newest complete checkpoint
+
+Resuming (``resume=True``) loads the newest checkpoint and drops metrics logged after it, so the next
+step's metrics equal those of an uninterrupted run (timings aside).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from critic_audit.errors import CheckpointError, ConfigError
+from critic_audit.rl import (
+    RolloutBatch,
+    ValueLossConfig,
+    agg_loss,
+    compute_advantages,
+    dynamic_sampling_filter,
+    explained_variance,
+    positive_nll_loss,
+    turn_ratio_metrics,
+    value_loss,
+)
+from critic_audit.train.algos import Algorithm, build_algorithm
+from critic_audit.train.chat import ChatCodec
+from critic_audit.train.config import TrainConfig, config_from_dict, config_to_dict
+from critic_audit.train.envs.base import resolve_environment
+from critic_audit.train.models import autocast, build_critic, build_policy, save_model, token_log_probs, token_values
+from critic_audit.train.rollout import episodes_to_chat, episodes_to_tables, generate_episodes, pack_episodes
+
+__all__ = ["Progress", "Trainer", "train"]
+
+#: ``progress(stage, done, total)``: stage is "step" (done = steps finished of total) or "rollout".
+Progress = Callable[[str, int, int], None]
+MetricsCallback = Callable[[dict[str, Any]], None]
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+STATE_FILE = "trainer_state.pt"
+
+
+def env_seed(seed: int, step: int, prompt: int) -> int:
+    """The environment seed of prompt ``prompt`` at training step ``step`` (deterministic)."""
+    return (seed * 1_000_003 + step * 10_007 + prompt) % (2**31 - 1)
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device = {name!r}", fix="use auto, cpu, cuda or cuda:N") from None
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if ok else torch.float32
+    return torch.bfloat16 if name == "bfloat16" else torch.float32
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
+    def f(i: int) -> float:
+        if warmup and i < warmup:
+            return (i + 1) / warmup
+        if schedule == "constant" or total <= warmup:
+            return 1.0
+        frac = min(max((i - warmup) / max(total - warmup, 1), 0.0), 1.0)
+        return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+
+    return f
+
+
+class Trainer:
+    """Owns the models, optimizers, environment factory and run folder of one training run.
+
+    Args:
+        config: the resolved :class:`TrainConfig`.
+        run_dir: the run folder (created; ``config.json`` written).
+        progress: optional ``progress(stage, done, total)`` callback.
+        on_metrics: optional callback receiving each step's metrics dict.
+        resume: load the newest checkpoint of ``run_dir`` (and its config) if there is one.
+
+    Raises:
+        ConfigError: bad configuration, or a run folder holding another run's config without ``resume``.
+        CheckpointError: an unreadable checkpoint.
+    """
+
+    def __init__(self, config: TrainConfig, run_dir: str | Path, *, progress: Progress | None = None,
+                 on_metrics: MetricsCallback | None = None, resume: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.progress, self.on_metrics = progress, on_metrics
+        latest = self.run_dir / "checkpoints" / "latest"
+        self.resumed_from: str | None = None
+        if resume and latest.is_file():
+            saved = json.loads((self.run_dir / CONFIG_FILE).read_text())
+            # a resumed run keeps its configuration; only the number of steps may grow
+            config = replace(config_from_dict(saved), steps=max(config.steps, saved["steps"])) \
+                if config.steps != saved["steps"] else config_from_dict(saved)
+        elif (self.run_dir / METRICS_FILE).exists() and not resume:
+            raise ConfigError("the run folder already holds a run", path=self.run_dir,
+                              fix="pass --resume to continue it, or choose another --out")
+        self.config = config
+        self.device = _resolve_device(config.device)
+        self.dtype = _resolve_dtype(config.dtype, self.device)
+        self.env_cls = resolve_environment(config.env.name)
+        kwargs = dict(config.env.kwargs)
+        self.make_env: Callable[[], Any] = lambda: self.env_cls(**kwargs)
+        probe = self._probe_env()
+        env_tok = probe.tokenizer() if hasattr(probe, "tokenizer") else None
+        self.source = getattr(probe, "name", config.env.name)
+        max_response = config.env.max_turns * config.env.max_new_tokens
+        self.algo: Algorithm = build_algorithm(config.algo, config.rollout.group_size, max_response)
+
+        self.policy, self.tokenizer = build_policy(config.model, env_tok, config.env.max_context + 8, config.seed)
+        self.codec = ChatCodec(self.tokenizer)
+        self.critic = build_critic(config.model, self.policy, config.seed) if self.algo.uses_critic else None
+        self.policy.to(self.device)
+        if self.critic is not None:
+            self.critic.to(self.device)
+        if config.model.gradient_checkpointing:
+            for m in (self.policy, self.critic):
+                if m is not None:
+                    m.gradient_checkpointing_enable()
+        o = config.optim
+        total_updates = config.steps * o.ppo_epochs * o.num_minibatches
+        self.policy_opt = torch.optim.AdamW(self.policy.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
+                                            weight_decay=o.weight_decay)
+        self.policy_sched = torch.optim.lr_scheduler.LambdaLR(
+            self.policy_opt, _lr_lambda(o.warmup_steps, total_updates, o.schedule))
+        self.critic_opt = self.critic_sched = None
+        if self.critic is not None:
+            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=o.critic_lr, betas=o.betas,
+                                                eps=o.eps, weight_decay=o.weight_decay)
+            self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
+                self.critic_opt, _lr_lambda(o.warmup_steps, total_updates, o.schedule))
+        self.sample_gen = torch.Generator(device=self.device).manual_seed(config.seed + 2)
+        self.shuffle_gen = torch.Generator().manual_seed(config.seed + 3)
+        random.seed(config.seed)
+        np.random.seed(config.seed % 2**32)
+        self.step_count = 0
+        self.env_steps = 0
+        self.episodes_seen = 0
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume and latest.is_file():
+            self._load(self.run_dir / "checkpoints" / latest.read_text().strip())
+        else:
+            self._write_json(self.run_dir / CONFIG_FILE, config_to_dict(config))
+        self.tb = self._tensorboard()
+
+    # ------------------------------------------------------------------------------------------
+    def _probe_env(self) -> Any:
+        try:
+            return self.make_env()
+        except TypeError as e:
+            raise ConfigError(f"cannot build environment {self.config.env.name!r} ({e})",
+                              fix="check env.kwargs") from None
+
+    def _tensorboard(self) -> Any:
+        if not self.config.log.tensorboard:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            if self.progress:
+                self.progress("tensorboard not installed; skipping it", 0, 0)
+            return None
+        return SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    @staticmethod
+    def _write_json(path: Path, obj: Any) -> None:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(obj, indent=2, default=str))
+        os.replace(tmp, path)
+
+    def _ac(self) -> Any:
+        return autocast(self.device, self.dtype)
+
+    # ------------------------------------------------------------------------------------------
+    def _forward_batched(self, fn: Callable[..., torch.Tensor], model: Any, ids: torch.Tensor,
+                         attn: torch.Tensor, *args: Any) -> torch.Tensor:
+        rows = self.config.optim.micro_batch_size or ids.shape[0]
+        parts = []
+        for s in range(0, ids.shape[0], rows):
+            with self._ac():
+                parts.append(fn(model, ids[s:s + rows], attn[s:s + rows], *args).float())
+        return torch.cat(parts)
+
+    def step(self) -> dict[str, Any]:
+        """Run one training step; returns its metrics (also appended to ``metrics.jsonl``)."""
+        cfg, algo = self.config, self.algo
+        s = self.step_count + 1
+        t0 = time.perf_counter()
+        self.policy.eval()
+        if self.critic is not None:
+            self.critic.eval()
+        P, G = cfg.rollout.prompts_per_step, algo.group_size
+        seeds = [env_seed(cfg.seed, s, i) for i in range(P) for _ in range(G)]
+        groups = [i for i in range(P) for _ in range(G)]
+        if self.progress:
+            self.progress("rollout", s - 1, cfg.steps)
+        episodes = generate_episodes(
+            self.policy, self.codec, self.make_env, seeds, groups, max_turns=cfg.env.max_turns,
+            max_new_tokens=cfg.env.max_new_tokens, max_context=cfg.env.max_context,
+            temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
+            success_threshold=cfg.algo.success_threshold, generator=self.sample_gen, device=self.device,
+            autocast=self._ac)
+        t_roll = time.perf_counter() - t0
+        packed = pack_episodes(episodes, self.codec.pad_id)
+        dev = self.device
+        ids, attn = packed.input_ids.to(dev), packed.attention_mask.to(dev)
+        mask, turn_ids = packed.response_mask.to(dev), packed.turn_ids.to(dev)
+        with torch.no_grad():
+            old_lp = self._forward_batched(token_log_probs, self.policy, ids, attn, cfg.rollout.temperature)
+            values = (self._forward_batched(token_values, self.critic, ids, attn) if self.critic is not None
+                      else torch.zeros_like(old_lp))
+        batch = RolloutBatch(packed.token_rewards.to(dev), values, mask, old_log_probs=old_lp,
+                             group_ids=packed.group_ids.to(dev), turn_ids=turn_ids)
+        adv_out = compute_advantages(algo.estimator, batch, algo.estimator_config)
+        advantages, returns = adv_out.advantages.float(), adv_out.returns.float()
+        rewards = torch.tensor([e.reward for e in episodes])
+        m: dict[str, Any] = {"step": s}
+        loss_mask = mask
+        if algo.dynamic_sampling:
+            ds = dynamic_sampling_filter(rewards, packed.group_ids)
+            loss_mask = mask & ds.keep.to(dev)[:, None]
+            m.update(ds.metrics())
+        positive = torch.tensor([bool(e.success) for e in episodes], device=dev)
+
+        self.env_steps += sum(e.num_turns for e in episodes)
+        self.episodes_seen += len(episodes)
+        n_resp = mask.sum(-1).float()
+        m.update({
+            "env_steps": self.env_steps,
+            "episodes": self.episodes_seen,
+            "rollout/reward_mean": float(rewards.mean()),
+            "rollout/reward_std": float(rewards.std()) if len(episodes) > 1 else 0.0,
+            "rollout/success_rate": float(np.mean([bool(e.success) for e in episodes])),
+            "rollout/num_turns_mean": float(np.mean([e.num_turns for e in episodes])),
+            "rollout/truncated_frac": float(np.mean([e.truncated for e in episodes])),
+            "rollout/response_tokens_mean": float(n_resp.mean()),
+            "rollout/episode_tokens_mean": float(attn.sum(-1).float().mean()),
+            "rollout/advantage_mean": float(advantages[mask].mean()) if bool(mask.any()) else 0.0,
+        })
+        if self.critic is not None:
+            m["critic/explained_variance"] = explained_variance(values, returns, mask)
+            m["critic/value_mean"] = float(values[mask].mean()) if bool(mask.any()) else 0.0
+
+        t1 = time.perf_counter()
+        train_policy = s > cfg.optim.value_warmup_steps and bool(loss_mask.any())
+        m.update(self._update(ids, attn, loss_mask, mask, turn_ids, old_lp, advantages, returns, values,
+                              positive, train_policy))
+        m["time/rollout_s"] = t_roll
+        m["time/update_s"] = time.perf_counter() - t1
+
+        self.step_count = s
+        if cfg.log.rollouts_every and s % cfg.log.rollouts_every == 0:
+            self._write_rollouts(episodes, s, values if self.critic is not None else None, old_lp, advantages)
+        m["time/step_s"] = time.perf_counter() - t0
+        m = {k: _finite(v) for k, v in m.items()}
+        with open(self.run_dir / METRICS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(m) + "\n")
+        if self.tb is not None:
+            for k, v in m.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(k, v, s)
+        if s % cfg.log.save_every == 0 or s == cfg.steps:
+            self.save_checkpoint()
+        if self.on_metrics:
+            self.on_metrics(m)
+        if self.progress:
+            self.progress("step", s, cfg.steps)
+        return m
+
+    def _update(self, ids: torch.Tensor, attn: torch.Tensor, loss_mask: torch.Tensor, mask: torch.Tensor,
+                turn_ids: torch.Tensor, old_lp: torch.Tensor, adv: torch.Tensor, returns: torch.Tensor,
+                old_values: torch.Tensor, positive: torch.Tensor, train_policy: bool) -> dict[str, float]:
+        """PPO-style epochs over mini-batches with gradient accumulation; returns averaged metrics."""
+        cfg, algo, o = self.config, self.algo, self.config.optim
+        B = ids.shape[0]
+        vcfg = ValueLossConfig(cliprange_value=cfg.algo.cliprange_value)
+        token_mode = getattr(algo.loss_config, "loss_agg_mode", "token-mean") == "token-mean"
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        lp_seen = old_lp.clone()
+        self.policy.train()
+        if self.critic is not None:
+            self.critic.train()
+
+        def add(metrics: dict[str, float], w: float) -> None:
+            for k, v in metrics.items():
+                if k.startswith("actor/turn_ratio/") or not math.isfinite(v):
+                    continue
+                sums[k] = sums.get(k, 0.0) + w * v
+                weights[k] = weights.get(k, 0.0) + w
+
+        grad_norms: list[float] = []
+        for epoch in range(o.ppo_epochs):
+            perm = torch.randperm(B, generator=self.shuffle_gen).to(ids.device)
+            for mb in torch.tensor_split(perm, o.num_minibatches):
+                if mb.numel() == 0:
+                    continue
+                self.policy_opt.zero_grad(set_to_none=True)
+                if self.critic_opt is not None:
+                    self.critic_opt.zero_grad(set_to_none=True)
+                mb_tokens = float(loss_mask[mb].sum())
+                mb_rows = float(loss_mask[mb].any(-1).sum())
+                mb_vtokens = float(mask[mb].sum())
+                micro = o.micro_batch_size or mb.numel()
+                for part in torch.split(mb, micro):
+                    width = max(int(attn[part].sum(-1).max()), 2)
+                    p_ids, p_attn = ids[part, :width], attn[part, :width]
+                    p_mask, p_lmask = mask[part, :width], loss_mask[part, :width]
+                    if train_policy and bool(p_lmask.any()):
+                        w = (float(p_lmask.sum()) / mb_tokens if token_mode
+                             else float(p_lmask.any(-1).sum()) / max(mb_rows, 1.0))
+                        with self._ac():
+                            lp = token_log_probs(self.policy, p_ids, p_attn, cfg.rollout.temperature)
+                        loss, pm = algo.loss_fn(lp, old_lp[part, :width], adv[part, :width], p_lmask,
+                                                turn_ids[part, :width], algo.loss_config)
+                        total = w * loss
+                        if algo.nll_coef > 0 and bool(positive[part].any()):
+                            pos_mask = p_lmask & positive[part][:, None]
+                            n_pos_all = float((loss_mask[mb] & positive[mb][:, None]).sum())
+                            nll, nm = positive_nll_loss(lp, p_lmask, positive[part], coef=algo.nll_coef)
+                            total = total + nll * float(pos_mask.sum()) / max(n_pos_all, 1.0)
+                            add(nm, w)
+                        total.backward()
+                        add(pm, w)
+                        if epoch == o.ppo_epochs - 1:
+                            lp_seen[part, :width] = lp.detach()
+                    if self.critic is not None and bool(p_mask.any()):
+                        wv = float(p_mask.sum()) / max(mb_vtokens, 1.0)
+                        with self._ac():
+                            v = token_values(self.critic, p_ids, p_attn)
+                        vl, vm = value_loss(v, returns[part, :width], p_mask, old_values[part, :width], vcfg)
+                        (wv * cfg.algo.value_coef * vl).backward()
+                        add(vm, wv)
+                if train_policy:
+                    if o.grad_clip is not None:
+                        gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), o.grad_clip)
+                        grad_norms.append(float(gn))
+                    self.policy_opt.step()
+                    self.policy_sched.step()
+                if self.critic is not None:
+                    if o.grad_clip is not None:
+                        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), o.grad_clip)
+                    self.critic_opt.step()
+                    self.critic_sched.step()
+        n_mb = o.ppo_epochs * o.num_minibatches
+        out = {k: sums[k] / weights[k] * 1.0 for k in sums if weights[k] > 0}
+        for k in list(out):  # per-mini-batch means, averaged over the mini-batches
+            out[k] = sums[k] / weights[k]
+        # turn-ratio diagnostics over the whole batch: each row's log-probs as trained in the last epoch
+        if train_policy:
+            eps_low = getattr(algo.loss_config, "eps_low", 0.2)
+            eps_high = getattr(algo.loss_config, "eps_high", 0.2)
+            out.update(turn_ratio_metrics(lp_seen, old_lp, torch.where(loss_mask, turn_ids, -1), eps_low, eps_high))
+        out["optim/lr"] = float(self.policy_sched.get_last_lr()[0])
+        out["optim/updates"] = float(n_mb if train_policy else 0)
+        out["actor/updated"] = float(train_policy)
+        if grad_norms:
+            out["actor/grad_norm"] = float(np.mean(grad_norms))
+        self.policy.eval()
+        if self.critic is not None:
+            self.critic.eval()
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    def _write_rollouts(self, episodes: list[Any], s: int, values: torch.Tensor | None, old_lp: torch.Tensor,
+                        adv: torch.Tensor) -> None:
+        folder = self.run_dir / "rollouts" / f"step_{s:06d}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent if folder.parent.exists()
+                                    else _mkdir(folder.parent)))
+        trajs, tokens = episodes_to_tables(episodes, step=s, checkpoint=f"step_{s - 1}", source=self.source,
+                                           values=None if values is None else values.cpu(),
+                                           old_log_probs=old_lp.cpu(), advantages=adv.cpu())
+        trajs.write_parquet(tmp / "trajectories.parquet")
+        tokens.write_parquet(tmp / "tokens.parquet")
+        with open(tmp / "rollouts.jsonl", "w", encoding="utf-8") as f:
+            for rec in episodes_to_chat(episodes, step=s):
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.rename(tmp, folder)
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoints/step_N`` (policy, critic, trainer state) atomically and point ``latest`` at it;
+        prune to ``log.keep_checkpoints``."""
+        root = _mkdir(self.run_dir / "checkpoints")
+        name = f"step_{self.step_count}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
+        save_model(self.policy, self.tokenizer, tmp / "policy")
+        if self.critic is not None:
+            save_model(self.critic, self.tokenizer, tmp / "critic")
+        state = {
+            "step": self.step_count,
+            "env_steps": self.env_steps,
+            "episodes": self.episodes_seen,
+            "policy_opt": self.policy_opt.state_dict(),
+            "policy_sched": self.policy_sched.state_dict(),
+            "critic_opt": self.critic_opt.state_dict() if self.critic_opt else None,
+            "critic_sched": self.critic_sched.state_dict() if self.critic_sched else None,
+            "sample_gen": self.sample_gen.get_state(),
+            "shuffle_gen": self.shuffle_gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "python_rng": random.getstate(),
+            "numpy_rng": np.random.get_state(),
+        }
+        torch.save(state, tmp / STATE_FILE)
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        latest_tmp = root / ".latest.tmp"
+        latest_tmp.write_text(name)
+        os.replace(latest_tmp, root / "latest")
+        keep = self.config.log.keep_checkpoints
+        if keep:
+            done = sorted((p for p in root.glob("step_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
+            for old in done[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def _load(self, folder: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+        from critic_audit.critic.load import quiet_transformers
+
+        if not (folder / STATE_FILE).is_file():
+            raise CheckpointError("incomplete checkpoint (no trainer_state.pt)", path=folder)
+        with quiet_transformers():
+            pol = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32, attn_implementation="sdpa")
+            self.policy.load_state_dict(pol.state_dict())
+            if self.critic is not None:
+                cri = AutoModelForTokenClassification.from_pretrained(folder / "critic", dtype=torch.float32,
+                                                                      attn_implementation="sdpa")
+                self.critic.load_state_dict(cri.state_dict())
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
+        self.policy_opt.load_state_dict(state["policy_opt"])
+        self.policy_sched.load_state_dict(state["policy_sched"])
+        if self.critic_opt is not None and state["critic_opt"] is not None:
+            self.critic_opt.load_state_dict(state["critic_opt"])
+            self.critic_sched.load_state_dict(state["critic_sched"])
+        self.sample_gen.set_state(state["sample_gen"])
+        self.shuffle_gen.set_state(state["shuffle_gen"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        random.setstate(state["python_rng"])
+        np.random.set_state(state["numpy_rng"])
+        self.step_count = int(state["step"])
+        self.env_steps = int(state["env_steps"])
+        self.episodes_seen = int(state["episodes"])
+        self.resumed_from = folder.name
+        # metrics logged after the checkpoint belong to a step that will be re-run
+        path = self.run_dir / METRICS_FILE
+        if path.exists():
+            kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step_count]
+            path.write_text("".join(ln + "\n" for ln in kept))
+
+    def train(self) -> list[dict[str, Any]]:
+        """Run the remaining steps up to ``config.steps``; returns their metrics."""
+        out = []
+        if self.progress:
+            self.progress("step", self.step_count, self.config.steps)
+        while self.step_count < self.config.steps:
+            out.append(self.step())
+        if self.tb is not None:
+            self.tb.flush()
+        return out
+
+
+def _mkdir(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: Progress | None = None,
+          on_metrics: MetricsCallback | None = None) -> Trainer:
+    """Build a :class:`Trainer` and run it to ``config.steps``; returns the trainer (metrics in its folder)."""
+    trainer = Trainer(config, run_dir, progress=progress, on_metrics=on_metrics, resume=resume)
+    trainer.train()
+    return trainer
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The metrics of a run folder, one dict per step."""
+    path = Path(run_dir) / METRICS_FILE
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
