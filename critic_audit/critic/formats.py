@@ -30,6 +30,7 @@ import io
 import json
 import logging
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -603,16 +604,18 @@ def _merged_peft_backbone(path: Path, base_dir: Path, acfg: dict, config: Any, a
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"unsupported adapter_config.json ({exc})", path=path) from exc
     config.num_labels = 1
-    with quiet(), contextlib.redirect_stderr(io.StringIO()):
+    with quiet(), contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         model = AutoModelForTokenClassification.from_pretrained(base_dir, config=config, dtype=torch.float32,
                                                                 trust_remote_code=trust_remote_code)
         pm = PeftModel(model, lcfg)
         lora_state = {k: v for k, v in ad_state.items() if not _PEFT_HEAD.match(k)}
         res = set_peft_model_state_dict(pm, lora_state)
-    bad = [k for k in getattr(res, "unexpected_keys", []) if "lora_" in k]
-    if bad:
-        raise CheckpointError(f"{len(bad)} adapter tensor(s) match no module of the base model (e.g. {bad[0]})", path=path)
-    merged = pm.merge_and_unload()
+        bad = [k for k in getattr(res, "unexpected_keys", []) if "lora_" in k]
+        if bad:
+            raise CheckpointError(f"{len(bad)} adapter tensor(s) match no module of the base model (e.g. {bad[0]})",
+                                  path=path)
+        merged = pm.merge_and_unload()
     backbone = getattr(merged, merged.base_model_prefix)
     return backbone.to(dtype)
 

@@ -331,7 +331,7 @@ def load_critic(
 
 
 def _load_tokenizer_of(src, trust_remote_code: bool):
-    if not src.tokenizer_kwargs:
+    if not src.tokenizer_kwargs and (Path(src.tokenizer_dir) / "config.json").is_file():
         return load_tokenizer(src.tokenizer_dir, trust_remote_code=trust_remote_code)
     from transformers import AutoTokenizer
 
