@@ -148,7 +148,6 @@ def _critics_table(s: dict) -> Table:
 
 @app.command()
 def analyze(
-    ctx: typer.Context,
     inputs: Inputs,
     critic: Annotated[Optional[list[Path]], typer.Option(help="Critic checkpoint folder (HF token-classification layout); repeat it to compare several critics (e.g. checkpoints) on the same rollouts.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder (replaced atomically).")] = Path("audit_out"),
@@ -173,8 +172,9 @@ def analyze(
     checkpoint_key: CheckpointKey = None,
     source: Source = None,
     checkpoint: CheckpointLabel = None,
-    success_threshold: SuccessThreshold = 0.5,
+    success_threshold: Annotated[Optional[float], typer.Option(help="Without a success field: success = reward >= this (default 0.5 for chat; per-format rule otherwise, see docs/input_formats.md).")] = None,
     no_reward: NoReward = False,
+    stream: Annotated[bool, typer.Option("--stream", help="Audit one canonical-table folder with values without loading its tokens (tables larger than memory).")] = False,
     input_format: Annotated[str, typer.Option("--format", help="Input format: auto (detected per input), chat, responses (OpenAI Responses / NeMo Gym), react (ReAct transcripts, Reflexion logs), swe (SWE-agent / mini-swe-agent trajectories), tokenized (token-id rows, verl dumps).")] = "auto",
     labels: Annotated[Optional[Path], typer.Option(help="Success labels joined on an id: SWE-bench results JSON (resolved_ids), or JSON/JSONL id -> resolved.")] = None,
     labels_key: Annotated[Optional[str], typer.Option(help="Join key of --labels (the id field of label records and of rollouts; default instance_id).")] = None,
@@ -182,8 +182,6 @@ def analyze(
 ) -> None:
     """Score rollouts with a critic and decompose its values into between-turn and within-turn variance."""
     try:
-        from click.core import ParameterSource
-
         from critic_audit.analysis.audit import AuditConfig
         from critic_audit.io.chat import ChatReadOptions
         from critic_audit.io.common import InputOptions
@@ -194,10 +192,10 @@ def analyze(
         read_opts = ChatReadOptions(
             messages_key=messages_key, reward_key=reward_key, success_key=success_key, id_key=id_key,
             group_key=group_key, checkpoint_key=checkpoint_key, source=source, checkpoint=checkpoint,
-            success_threshold=success_threshold, require_reward=not no_reward)
-        explicit = ctx.get_parameter_source("success_threshold") not in (ParameterSource.DEFAULT, None)
+            success_threshold=0.5 if success_threshold is None else success_threshold,
+            require_reward=not no_reward)
         input_opts = InputOptions(format=input_format, lenient=lenient, labels=labels, labels_key=labels_key,
-                                  success_threshold=success_threshold if explicit else None)
+                                  success_threshold=success_threshold)
         template = _read_template(chat_template)
         tcfg = TokenizeConfig(max_length=max_length, overlong=overlong, chat_template=template)
         acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed, group_by=tuple(group_by or ()))
@@ -205,7 +203,8 @@ def analyze(
                                  trust_remote_code=trust_remote_code) for c in (critic or [])] or None
         with _Bar(enabled=not as_json or err.is_terminal) as bar:
             res = run_analyze(inputs, out_dir, scoring=scoring, read_options=read_opts, tokenize=tcfg,
-                              audit_config=acfg, plots=not no_plots, progress=bar, input_options=input_opts)
+                              audit_config=acfg, plots=not no_plots, progress=bar, input_options=input_opts,
+                              stream=stream)
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - every error becomes one line
@@ -225,7 +224,8 @@ def analyze(
         out.print(_summary_table(s))
         rec = s.get("recommendation") or {}
         out.print(f"[bold]recommendation ({rec.get('verdict')}):[/bold] {_escape(rec.get('text', ''))}")
-        out.print(f"wrote {res.out_dir}/ (summary.json, report.md, report.html, trajectories.parquet, tokens.parquet, plots/)")
+        tokens_note = "" if s.get("streamed") else "tokens.parquet, "
+        out.print(f"wrote {res.out_dir}/ (summary.json, report.md, report.html, trajectories.parquet, {tokens_note}plots/)")
 
 
 def _read_template(path: Optional[Path]) -> Optional[str]:
@@ -394,6 +394,52 @@ def plot(
         _fail(e)
         return
     out.print(f"re-rendered {path}/plots, report.md, report.html")
+
+
+@app.command()
+def train(
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run folder (config, metrics.jsonl, rollouts/, checkpoints/).")],
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML or YAML config file (docs/train.md).")] = None,
+    algo: Annotated[Optional[str], typer.Option(help="mpo, grpo, dr_grpo, dapo, gspo, ppo, vc_ppo, vapo or sao (sets algo.name).")] = None,
+    env: Annotated[Optional[str], typer.Option(help="credit, hotpotqa or module:Class (sets env.name).")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (sets steps).")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed (sets seed).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value: --set optim.lr=3e-4 (repeatable).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its latest checkpoint.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Train a policy (and critic) with MPO or a baseline on a multi-turn environment."""
+    try:
+        from critic_audit.train import Trainer, load_config
+
+        overrides = list(set_ or [])
+        for key, value in (("algo.name", algo), ("env.name", env), ("steps", steps), ("seed", seed)):
+            if value is not None:
+                overrides.append(f"{key}={json.dumps(value)}")
+        cfg = load_config(config, overrides)
+        last: dict[str, Any] = {}
+
+        def on_metrics(m: dict[str, Any]) -> None:
+            last.clear()
+            last.update(m)
+            if not quiet:
+                err.print(f"step {m['step']}: reward {m['rollout/reward_mean']:.3f}, success "
+                          f"{m['rollout/success_rate']:.3f}, {m['time/step_s']:.1f} s", highlight=False)
+
+        with _Bar(enabled=not quiet) as bar:
+            trainer = Trainer(cfg, out_dir, progress=bar, on_metrics=on_metrics, resume=resume)
+            for note in trainer.notes:
+                err.print(f"note: {_escape(note)}")
+            trainer.train()
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+        return
+    out.print(f"trained {trainer.config.algo.name} on {trainer.config.env.name} for {trainer.step_count} steps; "
+              f"run folder {out_dir}")
+    if last:
+        out.print(f"last step: reward {last['rollout/reward_mean']:.3f}, success {last['rollout/success_rate']:.3f}")
 
 
 def main() -> None:

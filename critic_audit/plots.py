@@ -34,7 +34,7 @@ def _save(fig: Figure, out: str | Path | None) -> None:
 
 def _draw_trace(ax, tokens: pl.DataFrame, tid: str, label: str, lw: float = 1.0) -> None:
     """Draw one trajectory's policy-token values, one line and one shaded span per assistant turn."""
-    t = tokens.filter((pl.col("trajectory_id") == tid) & pl.col("response_mask")).sort("position")
+    t = tokens.lazy().filter((pl.col("trajectory_id") == tid) & pl.col("response_mask")).sort("position").collect()
     pos, val, turn = t["position"].to_numpy(), t["value"].cast(pl.Float64).to_numpy(), t["turn"].to_numpy()
     for k in np.unique(turn):
         sel = turn == k
@@ -66,7 +66,8 @@ def plot_value_traces(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: s
     """Value along one successful and one failed trajectory, assistant turns shaded.
 
     Args:
-        tokens: tokens table with values (policy tokens are drawn; x = token position).
+        tokens: tokens table with values, a DataFrame or a LazyFrame (e.g. ``pl.scan_parquet``: only
+            the two trajectories drawn are read); policy tokens are drawn, x = token position.
         per_trajectory: the audit's per-trajectory table (for the choice and the titles).
         out: path stem to write PNG and SVG to, or None.
         examples: ``{"success": id, "failure": id}``; default :func:`pick_examples`.
@@ -191,13 +192,13 @@ def plot_eta2_box(per_trajectory: pl.DataFrame, by: str = "checkpoint", out: str
 
 def step_sizes(tokens: pl.DataFrame, included: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``|V_{i+1} - V_i|`` between consecutive policy tokens: (boundary steps, within-turn steps)."""
-    t = tokens.filter(pl.col("response_mask"))
+    t = tokens.lazy().filter(pl.col("response_mask")).select("trajectory_id", "position", "turn", "value")
     if included is not None:
         t = t.filter(pl.col("trajectory_id").is_in(pl.Series(included, dtype=pl.String).implode()))
     t = t.sort(["trajectory_id", "position"]).select(
         step=(pl.col("value").cast(pl.Float64).diff().abs()).over("trajectory_id"),
         boundary=(pl.col("turn") != pl.col("turn").shift(1)).over("trajectory_id"),
-    ).drop_nulls()
+    ).drop_nulls().collect()
     return (t.filter(pl.col("boundary"))["step"].to_numpy(), t.filter(~pl.col("boundary"))["step"].to_numpy())
 
 
@@ -224,9 +225,9 @@ def plot_step_distributions(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, 
 def turn_position_means(tokens: pl.DataFrame, per_trajectory: pl.DataFrame) -> pl.DataFrame:
     """Mean (and standard error) over trajectories of the turn-mean value, by turn index k and success."""
     inc = per_trajectory.filter(pl.col("excluded").is_null()).select("trajectory_id", "success")
-    tm = (tokens.filter(pl.col("response_mask"))
+    tm = (tokens.lazy().filter(pl.col("response_mask"))
           .group_by("trajectory_id", "turn").agg(m=pl.col("value").cast(pl.Float64).mean())
-          .join(inc, on="trajectory_id", how="inner"))
+          .join(inc.lazy(), on="trajectory_id", how="inner").collect(engine="streaming"))
     return (tm.group_by("success", "turn")
             .agg(mean=pl.col("m").mean(), se=pl.col("m").std() / pl.len().sqrt(), n=pl.len())
             .sort("success", "turn"))

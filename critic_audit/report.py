@@ -25,7 +25,7 @@ PLOTS = (
 )
 
 
-def render_plots(folder: Path, tokens: pl.DataFrame, per_trajectory: pl.DataFrame, *, box_by: str | None = None) -> list[str]:
+def render_plots(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_trajectory: pl.DataFrame, *, box_by: str | None = None) -> list[str]:
     """Write every plot (PNG and SVG) under ``folder/plots``; returns the stems written."""
     import matplotlib.pyplot as plt
 
@@ -184,7 +184,7 @@ def _inline(text: str) -> str:
     return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def render_folder(folder: Path, tokens: pl.DataFrame, per_trajectory: pl.DataFrame, summary: dict[str, Any]) -> None:
+def render_folder(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_trajectory: pl.DataFrame, summary: dict[str, Any]) -> None:
     """Write plots, report.md and report.html into ``folder`` (which already holds the tables)."""
     stems = render_plots(folder, tokens, per_trajectory)
     md = report_markdown(summary, stems)

@@ -12,7 +12,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -63,17 +62,8 @@ class ScoringConfig:
     trust_remote_code: bool = False
 
 
-#: The input format, options and report of the ``analyze`` call in progress (set by :func:`analyze`,
-#: read by :func:`read_inputs`, :func:`is_table_input` and :func:`read_tables` when not given).
-_READING: ContextVar[tuple[InputOptions, ReadReport, ChatReadOptions] | None] = ContextVar(
-    "critic_audit_reading", default=None)
-
-
 def _reading(input_options: InputOptions | None, report: ReadReport | None) -> tuple[InputOptions, ReadReport]:
-    ctx = _READING.get()
-    iopts = input_options or (ctx[0] if ctx else InputOptions())
-    rep = report if report is not None else (ctx[1] if ctx else ReadReport())
-    return iopts, rep
+    return input_options or InputOptions(), report if report is not None else ReadReport()
 
 
 def input_format(path: str | Path, input_options: InputOptions | None = None,
@@ -163,8 +153,6 @@ def read_tables(path: str | Path, *, read_options: ChatReadOptions | None = None
 
     p = Path(path)
     iopts, rep = _reading(input_options, report)
-    if read_options is None and _READING.get() is not None:
-        read_options = _READING.get()[2]
     if p.exists():
         fmt = input_format(p, iopts, read_options)
         rep.formats[str(p)] = fmt
@@ -215,10 +203,11 @@ def _write_json(path: Path, obj: Any) -> None:
 
 @dataclasses.dataclass
 class AnalyzeOutcome:
-    """What :func:`analyze` produced: the audit result, the tokens table and the output folder."""
+    """What :func:`analyze` produced: the audit result, the tokens table (None when streamed) and the
+    output folder."""
 
     result: AuditResult
-    tokens: pl.DataFrame
+    tokens: pl.DataFrame | None
     out_dir: Path
 
 
@@ -240,10 +229,12 @@ def _audit_one(
     audit_config: AuditConfig,
     progress: Progress | None,
     convs: list[Conversation] | None,
+    input_options: InputOptions,
+    report: ReadReport,
 ) -> tuple[AuditResult, pl.DataFrame, int | None]:
     """Read, tokenize with this critic's tokenizer, score and audit; returns (result, tokens, context)."""
-    table_inputs = [p for p in inputs if is_table_input(p)]
-    chat_inputs = [p for p in inputs if not is_table_input(p)]
+    table_inputs = [p for p in inputs if is_table_input(p, input_options)]
+    chat_inputs = [p for p in inputs if not is_table_input(p, input_options)]
     trajs_parts: list[pl.DataFrame] = []
     token_parts: list[pl.DataFrame] = []
     pre_excluded: dict[str, str] = {}
@@ -251,7 +242,7 @@ def _audit_one(
     truncation = {"trajectories": 0, "turns": 0}
 
     for p in table_inputs:
-        tr, tk, pre = read_tables(p)
+        tr, tk, pre = read_tables(p, read_options=read_options, input_options=input_options, report=report)
         pre_excluded.update(pre)
         trajs_parts.append(tr)
         token_parts.append(tk)
@@ -323,37 +314,19 @@ def analyze(
     plots: bool = True,
     progress: Progress | None = None,
     input_options: InputOptions = InputOptions(),
-) -> AnalyzeOutcome:
-    """Run the audit end to end (see :func:`_analyze`). ``input_options`` picks the input format
-    (``format``: auto-detected per input by default; docs/input_formats.md), lenient reading, labels
-    and the success rule of the non-chat formats. The summary's ``input`` entry holds the format read
-    per input and the records skipped per reason (lenient mode)."""
-    report = ReadReport()
-    token = _READING.set((input_options, report, read_options))
-    try:
-        return _analyze(inputs, out_dir, scoring=scoring, read_options=read_options, tokenize=tokenize,
-                        audit_config=audit_config, plots=plots, progress=progress, _report=report)
-    finally:
-        _READING.reset(token)
-
-
-def _analyze(
-    inputs: Sequence[str | Path],
-    out_dir: str | Path,
-    *,
-    scoring: ScoringConfig | Sequence[ScoringConfig] | None,
-    read_options: ChatReadOptions = ChatReadOptions(),
-    tokenize: TokenizeConfig = TokenizeConfig(),
-    audit_config: AuditConfig = AuditConfig(),
-    plots: bool = True,
-    progress: Progress | None = None,
-    _report: ReadReport | None = None,
+    stream: bool = False,
 ) -> AnalyzeOutcome:
     """Run the audit end to end and write the output folder atomically.
 
-    Inputs are chat rollout files/folders (see ``docs/input_formats.md``) or canonical-table folders
-    (``tokens.parquet`` + ``trajectories.parquet``); tables whose policy tokens all carry a value skip
-    critic inference.
+    Inputs are rollout files/folders of any supported format (``input_options.format``, auto-detected
+    per input by default; ``docs/input_formats.md``) or canonical-table folders (``tokens.parquet`` +
+    ``trajectories.parquet``); tables whose policy tokens all carry a value skip critic inference.
+    ``input_options`` also sets lenient reading, labels and the success rule of the non-chat formats;
+    the summary's ``input`` entry holds the format read per input and the records skipped per reason.
+
+    ``stream=True`` audits one canonical-table input whose values are all present without loading its
+    tokens table: the decomposition reads it in row batches (tables larger than memory); the output
+    folder then refers to the input's ``tokens.parquet`` instead of copying it.
 
     The output folder (replaced only once everything is written) holds ``summary.json``,
     ``trajectories.parquet`` (per-trajectory statistics), ``tokens.parquet`` (canonical tokens table
@@ -374,10 +347,13 @@ def _analyze(
     out_dir = Path(out_dir)
     if not inputs:
         raise ConfigError("no input given", fix="pass one or more rollout files or folders")
-    chat_inputs = [p for p in inputs if not is_table_input(p)]
+    _report = ReadReport()
+    chat_inputs = [p for p in inputs if not is_table_input(p, input_options)]
     for p in chat_inputs:
         if not Path(p).exists():
             raise InputError("no such file or folder", path=p, fix="check the path")
+    if stream:
+        return _analyze_stream(inputs, out_dir, audit_config, plots, t0)
     scorings: list[ScoringConfig | None]
     if scoring is None:
         scorings = [None]
@@ -385,7 +361,7 @@ def _analyze(
         scorings = [scoring]
     else:
         scorings = list(scoring) or [None]
-    convs = read_inputs(chat_inputs, read_options) if chat_inputs else None
+    convs = read_inputs(chat_inputs, read_options, input_options=input_options, report=_report) if chat_inputs else None
     base_config = {
         "inputs": [str(p) for p in inputs],
         "out": str(out_dir),
@@ -394,13 +370,14 @@ def _analyze(
         "audit": dataclasses.asdict(audit_config),
     }
     if len(scorings) == 1:
-        result, tokens, ctx = _audit_one(inputs, scorings[0], read_options, tokenize, audit_config, progress, convs)
+        result, tokens, ctx = _audit_one(inputs, scorings[0], read_options, tokenize, audit_config, progress, convs,
+                                         input_options, _report)
         config = {**base_config, "scoring": dataclasses.asdict(scorings[0]) if scorings[0] else None,
                   "critic_max_length": ctx}
         tmp = _atomic_output(out_dir)
         try:
             result.summary["seconds"] = round(time.perf_counter() - t0, 2)
-            result.summary["input"] = _report.as_dict() if _report is not None else None
+            result.summary["input"] = _report.as_dict()
             _write_folder(tmp, result, tokens, config, plots)
             _publish(tmp, out_dir)
         except BaseException:
@@ -417,7 +394,8 @@ def _analyze(
                 if progress:
                     progress(f"{stage} [{_label}]", d, n)
 
-            result, tokens, ctx = _audit_one(inputs, sc, read_options, tokenize, audit_config, prog, convs)
+            result, tokens, ctx = _audit_one(inputs, sc, read_options, tokenize, audit_config, prog, convs,
+                                             input_options, _report)
             config = {**base_config, "scoring": dataclasses.asdict(sc), "critic_max_length": ctx}
             _write_folder(tmp / "critics" / label, result, tokens, config, plots)
             pers.append(result.per_trajectory.with_columns(critic=pl.lit(label)))
@@ -436,7 +414,7 @@ def _analyze(
             "inputs": [str(p) for p in inputs],
             "critic_audit_version": __version__,
             "seconds": round(time.perf_counter() - t0, 2),
-            "input": _report.as_dict() if _report is not None else None,
+            "input": _report.as_dict(),
         }
         config = {**base_config, "scoring": [dataclasses.asdict(sc) for sc in scorings]}
         _write_json(tmp / "summary.json", summary)
@@ -451,6 +429,46 @@ def _analyze(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return AnalyzeOutcome(AuditResult(per_all, summary), first_tokens, out_dir)
+
+
+def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: AuditConfig, plots: bool,
+                    t0: float) -> AnalyzeOutcome:
+    """``analyze --stream``: one canonical-table input, values present, tokens never loaded whole."""
+    from critic_audit.analysis.audit import audit_parquet
+
+    if len(inputs) != 1 or not is_table_input(inputs[0]):
+        raise ConfigError("--stream audits exactly one canonical-table input (a folder with tokens.parquet)",
+                          fix="pass one folder written by analyze, train or the verl dump, or drop --stream")
+    p = Path(inputs[0])
+    tok_path = (p / "tokens.parquet" if p.is_dir() else p).resolve()
+    traj_path = tok_path.parent / "trajectories.parquet"
+    if not tok_path.exists() or not traj_path.exists():
+        raise InputError("--stream needs tokens.parquet and trajectories.parquet side by side", path=p,
+                         fix="pass a canonical-table folder")
+    trajs = pl.read_parquet(traj_path)
+    pre: dict[str, str] = {}
+    if "excluded" in trajs.columns:
+        rows = trajs.filter(pl.col("excluded").is_in(list(PRE_SCORING_EXCLUSIONS)))
+        pre = dict(zip(rows["trajectory_id"].cast(pl.String).to_list(), rows["excluded"].to_list()))
+    trajs = validate(trajs, "trajectories", path=str(traj_path)).select(list(TRAJECTORY_SCHEMA))
+    result = audit_parquet(trajs, tok_path, audit_config, pre_excluded=pre)
+    result.summary.update(inputs=[str(p) for p in inputs], critic_audit_version=__version__, inference=None,
+                          tokens_source=str(tok_path), streamed=True)
+    tmp = _atomic_output(out_dir)
+    try:
+        result.summary["seconds"] = round(time.perf_counter() - t0, 2)
+        _write_json(tmp / "summary.json", result.summary)
+        _write_json(tmp / "config.json", {"inputs": [str(p)], "stream": True, "audit": dataclasses.asdict(audit_config)})
+        result.per_trajectory.write_parquet(tmp / "trajectories.parquet")
+        if plots:
+            from critic_audit.report import render_folder
+
+            render_folder(tmp, pl.scan_parquet(tok_path), result.per_trajectory, result.summary)
+        _publish(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return AnalyzeOutcome(result, None, out_dir)
 
 
 def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, inference: dict[str, Any],

@@ -242,3 +242,18 @@ def test_several_critics_compared(rollouts, critic_dir, tmp_path):
     assert (out / "plots" / "eta2_box.png").exists() and (out / "report.html").exists()
     # different random critics give different structure
     assert s["per_critic"][labels[0]]["eta2_median"] != s["per_critic"][labels[1]]["eta2_median"]
+
+
+def test_stream_mode_equals_in_memory(rollouts, critic_dir, tmp_path):
+    out = tmp_path / "a"
+    assert _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 100, "--no-plots").exit_code == 0
+    res = _run("analyze", out, "--stream", "--out", tmp_path / "s", "--json", "--bootstrap", 100)
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    ref = json.loads((out / "summary.json").read_text())
+    assert s["streamed"] is True and s["eta2_median"] == ref["eta2_median"]
+    assert s["excluded"] == ref["excluded"] == {"no_assistant_turn": 1}
+    assert s["critic_quality"]["explained_variance"] == pytest.approx(ref["critic_quality"]["explained_variance"], abs=1e-9)
+    assert (tmp_path / "s" / "plots" / "value_traces.png").exists() and not (tmp_path / "s" / "tokens.parquet").exists()
+    bad = _run("analyze", rollouts, "--stream", "--out", tmp_path / "x", "--critic", critic_dir)
+    _assert_one_line_error(bad, "--stream", out_dir=tmp_path / "x")
