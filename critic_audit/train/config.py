@@ -188,8 +188,9 @@ class OptimConfig:
     """Clip the global gradient norm (None = off)."""
     ppo_epochs: int = 1
     """Passes over each step's rollouts."""
-    num_minibatches: int = 1
-    """Optimizer steps per pass (the rows are shuffled and split)."""
+    num_minibatches: int = 2
+    """Optimizer steps per pass (the rows are shuffled and split). With more than one, later
+    mini-batches are off-policy, which is what the ratios and their clipping act on."""
     micro_batch_size: int | None = None
     """Rows per forward/backward (gradient accumulation inside a mini-batch); None = the mini-batch.
     The micro-batch losses are weighted so the gradient equals the mini-batch's exactly."""

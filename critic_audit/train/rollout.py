@@ -8,6 +8,7 @@ earned it, so the outcome reward sits on the last policy token of the episode.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -67,6 +68,10 @@ def _sample_next(logits: Tensor, temperature: float, top_k: int, generator: torc
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def _cache(out: Any) -> Any:
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
 @torch.no_grad()
 def sample_turn(policy: Any, prefixes: list[list[int]], limits: list[int], eos_id: int, pad_id: int,
                 temperature: float, top_k: int, generator: torch.Generator, device: torch.device,
@@ -84,7 +89,8 @@ def sample_turn(policy: Any, prefixes: list[list[int]], limits: list[int], eos_i
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     with autocast():
         out = policy(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1]
+    cache_kw = "cache" if "cache" in inspect.signature(policy.forward).parameters else "past_key_values"
+    past, logits = _cache(out), out.logits[:, -1]
     next_pos = pos[:, -1:] + 1
     limit = torch.tensor(limits, device=device)
     finished = limit <= 0
@@ -104,8 +110,8 @@ def sample_turn(policy: Any, prefixes: list[list[int]], limits: list[int], eos_i
         attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
         with autocast():
             out = policy(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
-                         past_key_values=past, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
+                         use_cache=True, **{cache_kw: past})
+        past, logits = _cache(out), out.logits[:, -1]
         next_pos = next_pos + 1
     return list(zip(sampled, eos))
 

@@ -64,7 +64,7 @@ from critic_audit.train.rollout import episodes_to_chat, episodes_to_tables, gen
 
 __all__ = ["Progress", "Trainer", "train"]
 
-#: ``progress(stage, done, total)``: stage is "step" (done = steps finished of total) or "rollout".
+#: ``progress(stage, done, total)``: stage "step", done = steps finished of total.
 Progress = Callable[[str, int, int], None]
 MetricsCallback = Callable[[dict[str, Any]], None]
 
@@ -133,6 +133,7 @@ class Trainer:
         self.progress, self.on_metrics = progress, on_metrics
         latest = self.run_dir / "checkpoints" / "latest"
         self.resumed_from: str | None = None
+        self.notes: list[str] = []
         if resume and latest.is_file():
             saved = json.loads((self.run_dir / CONFIG_FILE).read_text())
             # a resumed run keeps its configuration; only the number of steps may grow
@@ -203,8 +204,7 @@ class Trainer:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            if self.progress:
-                self.progress("tensorboard not installed; skipping it", 0, 0)
+            self.notes.append("log.tensorboard is on but tensorboard is not installed; skipped")
             return None
         return SummaryWriter(str(self.run_dir / "tensorboard"))
 
@@ -238,8 +238,6 @@ class Trainer:
         P, G = cfg.rollout.prompts_per_step, algo.group_size
         seeds = [env_seed(cfg.seed, s, i) for i in range(P) for _ in range(G)]
         groups = [i for i in range(P) for _ in range(G)]
-        if self.progress:
-            self.progress("rollout", s - 1, cfg.steps)
         episodes = generate_episodes(
             self.policy, self.codec, self.make_env, seeds, groups, max_turns=cfg.env.max_turns,
             max_new_tokens=cfg.env.max_new_tokens, max_context=cfg.env.max_context,

@@ -14,7 +14,7 @@ Episode (``num_decisions = 3``, ``report_turns = 1``)::
                                         to the outcome
 
 The reward comes only at the end: the fraction of right decisions (``reward = "fraction"``) or 1 when
-all are right (``"all"``). Early choices decide the outcome; the long report turn and the long tool
+all are right (``"all"``), plus ``format_bonus`` times the fraction of decisions naming a valid choice. Early choices decide the outcome; the long report turn and the long tool
 outputs carry no signal, so an estimator that spreads credit over every token pays for it. Turn lengths
 are configurable: short decision turns beside long report turns, and tool outputs of any length (e.g.
 a 4-token answer next to a 600-token observation).
@@ -77,6 +77,9 @@ class CreditAssignmentEnv:
         report_tokens: token limit of a report turn.
         observation_tokens: filler tokens in the tool output after each decision.
         reward: ``fraction`` (right decisions / num_decisions) or ``all`` (1 if all right, else 0).
+        format_bonus: added to the final reward times the fraction of decision turns that start with a
+            valid choice letter (right or wrong) [ours: a random 2-layer model over ~35 tokens rarely
+            names a choice at all; the bonus still arrives only at the end]. 0 turns it off.
         task_seed: draws the cue -> choice map.
 
     Raises:
@@ -87,7 +90,7 @@ class CreditAssignmentEnv:
 
     def __init__(self, num_decisions: int = 3, num_choices: int = 2, num_cues: int = 4, report_turns: int = 1,
                  decision_tokens: int = 4, report_tokens: int = 24, observation_tokens: int = 8,
-                 reward: str = "fraction", task_seed: int = 0) -> None:
+                 reward: str = "fraction", format_bonus: float = 0.1, task_seed: int = 0) -> None:
         if not 1 <= num_decisions <= 64:
             raise ConfigError(f"env.kwargs.num_decisions = {num_decisions} must be in 1..64")
         if not 2 <= num_choices <= len(CHOICES):
@@ -104,7 +107,10 @@ class CreditAssignmentEnv:
             raise ConfigError(f"env.kwargs.reward = {reward!r}", fix="use fraction or all")
         self.num_decisions, self.num_choices, self.num_cues = num_decisions, num_choices, num_cues
         self.report_turns, self.decision_tokens, self.report_tokens = report_turns, decision_tokens, report_tokens
-        self.observation_tokens, self.reward_kind = observation_tokens, reward
+        if format_bonus < 0:
+            raise ConfigError(f"env.kwargs.format_bonus = {format_bonus} must be >= 0")
+        self.observation_tokens, self.reward_kind, self.format_bonus = observation_tokens, reward, format_bonus
+        self.valid: list[bool] = []
         task = random.Random(task_seed)
         answers = [i % num_choices for i in range(num_cues)]
         task.shuffle(answers)
@@ -128,7 +134,7 @@ class CreditAssignmentEnv:
         """The system prompt and the first cue."""
         self.rng = random.Random(seed)
         self.cues = [CUES[self.rng.randrange(self.num_cues)] for _ in range(self.num_decisions)]
-        self.turn, self.right = 0, []
+        self.turn, self.right, self.valid = 0, [], []
         system = {"role": "system", "content": "pick " + " or ".join(CHOICES[: self.num_choices])}
         return [system, self._cue()]
 
@@ -138,6 +144,7 @@ class CreditAssignmentEnv:
         if self.turn < self.num_decisions:
             choice = assistant_text.strip()[:1]
             self.right.append(choice == self.answer[self.cues[self.turn]])
+            self.valid.append(choice != "" and choice in CHOICES[: self.num_choices])
             filler = " ".join(self.rng.choice(FILLER) for _ in range(self.observation_tokens))
             obs.append({"role": "tool", "content": ("ok " + filler).strip()})
         self.turn += 1
@@ -149,6 +156,7 @@ class CreditAssignmentEnv:
             n_right = sum(self.right)
             success = n_right == self.num_decisions
             reward = n_right / self.num_decisions if self.reward_kind == "fraction" else float(success)
+            reward += self.format_bonus * sum(self.valid) / self.num_decisions
             return [], float(reward), True, {"success": success, "right": n_right}
         return obs, 0.0, False, {}
 

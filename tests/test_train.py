@@ -1,0 +1,239 @@
+"""The trainer on the synthetic credit-assignment environment: a few tiny iterations per test."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import polars as pl
+import pytest
+import torch
+
+from critic_audit.errors import ConfigError
+from critic_audit.train import Trainer, load_config, read_metrics
+from critic_audit.train.chat import ChatCodec
+from critic_audit.train.envs.credit import CreditAssignmentEnv, credit_tokenizer
+from critic_audit.train.rollout import generate_episodes, pack_episodes
+
+TINY = [
+    "model.tiny_hidden=32", "model.tiny_intermediate=64", "model.tiny_layers=1", "model.tiny_heads=2",
+    "rollout.prompts_per_step=3", "rollout.group_size=2", "env.max_new_tokens=6",
+    "env.kwargs={num_decisions=2, num_choices=4, format_bonus=1.0, report_tokens=5, observation_tokens=3}", "log.save_every=1",
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def params(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("algo", ["mpo", "grpo", "ppo", "sao", "vapo", "gspo", "dapo", "dr_grpo", "vc_ppo"])
+def test_iterations_change_parameters_and_log_metrics(tmp_path, algo):
+    cfg = load_config(None, TINY + ["steps=2", f"algo.name={algo}", "rollout.prompts_per_step=4", "rollout.group_size=4"])
+    seen = []
+    tr = Trainer(cfg, tmp_path / "run", on_metrics=seen.append)
+    before = params(tr.policy)
+    cbefore = params(tr.critic) if tr.critic is not None else None
+    tr.train()
+    assert not torch.equal(before, params(tr.policy)) or algo == "dapo"  # dapo may drop every group
+    if cbefore is not None:
+        assert not torch.equal(cbefore, params(tr.critic))
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2] and rows == seen
+    for key in ("rollout/reward_mean", "rollout/success_rate", "env_steps", "time/step_s"):
+        assert key in rows[-1]
+    if tr.critic is not None:
+        assert "critic/explained_variance" in rows[-1] and "critic/vf_loss" in rows[-1]
+    if rows[-1]["actor/updated"]:
+        assert "actor/pg_clipfrac" in rows[-1] and "actor/approx_kl_k3" in rows[-1]
+        assert "actor/turn_ratio/product/clipfrac/[1,64)" in rows[-1]
+        assert "actor/turn_ratio/geomean/log_rho_var" in rows[-1]
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["algo"]["name"] == algo and saved["steps"] == 2
+
+
+def test_rollout_layout_masks_observations():
+    tok = credit_tokenizer()
+    codec = ChatCodec(tok)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))
+    env_kw = dict(num_decisions=2, report_turns=1, decision_tokens=3, report_tokens=4, observation_tokens=20)
+    eps = generate_episodes(model, codec, lambda: CreditAssignmentEnv(**env_kw), [1, 2, 3], [0, 0, 1],
+                            max_turns=8, max_new_tokens=8, max_context=512, temperature=1.0, top_k=0,
+                            success_threshold=1.0, generator=torch.Generator().manual_seed(0),
+                            device=torch.device("cpu"), autocast=lambda: torch.autocast("cpu", enabled=False))
+    for e in eps:
+        assert e.num_turns == 3 and not e.truncated
+        turns = [t for t in e.turn if t is not None]
+        assert sorted(set(turns)) == [0, 1, 2]
+        # sampled ids only in the mask; decision turns <= 3 tokens, report <= 4
+        assert turns.count(0) <= 3 and turns.count(2) <= 4
+        assert all(r == "assistant" for r, m in zip(e.roles, e.mask) if m)
+        assert e.roles.count("tool") >= 2 * 20  # long tool outputs, masked
+        last_policy = max(i for i, m in enumerate(e.mask) if m)
+        assert list(e.rewards) in ([last_policy], [])  # the outcome on the last policy token
+        # the ids are the template rendering of the conversation (observation text round-trips)
+        assert tok.decode(e.ids).startswith("<|im_start|>system\npick L or R<|im_end|>\n<|im_start|>user\ncue")
+    packed = pack_episodes(eps, codec.pad_id)
+    assert packed.response_mask.sum() == sum(sum(e.mask) for e in eps)
+    assert float(packed.token_rewards.sum()) == pytest.approx(sum(e.reward for e in eps))
+
+
+def test_env_rewards_only_at_the_end():
+    env = CreditAssignmentEnv(num_decisions=2, report_turns=1)
+    obs = env.reset(5)
+    assert obs[0]["role"] == "system" and obs[1]["content"].startswith("cue ")
+    right = [env.answer[c] for c in env.cues]
+    o, r, done, _ = env.step(right[0])
+    assert r == 0 and not done and o[0]["role"] == "tool"
+    o, r, done, _ = env.step("X")
+    assert r == 0 and not done and o[-1]["content"] == "report"
+    o, r, done, info = env.step("anything")
+    assert done and r == pytest.approx(0.5 + 0.1 * 0.5) and info["success"] is False
+    with pytest.raises(ConfigError):
+        CreditAssignmentEnv(num_choices=9)
+
+
+def test_resume_reproduces_next_step(tmp_path):
+    over = TINY + ["steps=3", "log.keep_checkpoints=0", "algo.name=mpo"]
+    full = Trainer(load_config(None, over), tmp_path / "full")
+    full.train()
+    ref = read_metrics(tmp_path / "full")
+    # a run killed after step 2 (step 3 half logged), resumed
+    part = Trainer(load_config(None, over[:-2] + ["steps=2", "algo.name=mpo"]), tmp_path / "part")
+    part.train()
+    with open(tmp_path / "part" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 3, "partial": True}) + "\n")
+    resumed = Trainer(load_config(None, over), tmp_path / "part", resume=True)
+    assert resumed.step_count == 2 and resumed.resumed_from == "step_2"
+    resumed.train()
+    got = read_metrics(tmp_path / "part")
+    assert [r["step"] for r in got] == [1, 2, 3]
+
+    def strip(m):
+        return {k: v for k, v in m.items() if not k.startswith("time/")}
+
+    assert strip(got[2]) == strip(ref[2])
+    assert torch.equal(params(resumed.policy), params(full.policy))
+
+
+def test_checkpoint_and_tables_are_analyzable(tmp_path):
+    cfg = load_config(None, TINY + ["steps=1", "algo.name=mpo"])
+    Trainer(cfg, tmp_path / "run").train()
+    run = tmp_path / "run"
+    ck = run / "checkpoints" / "step_1"
+    assert (run / "checkpoints" / "latest").read_text() == "step_1"
+    cfgc = json.loads((ck / "critic" / "config.json").read_text())
+    assert len(cfgc["id2label"]) == 1 and cfgc["architectures"] == ["LlamaForTokenClassification"]
+    roll = run / "rollouts" / "step_000001"
+    tokens = pl.read_parquet(roll / "tokens.parquet")
+    assert {"value", "old_log_prob", "advantage", "response_mask", "turn"} <= set(tokens.columns)
+    pol = tokens.filter(pl.col("response_mask"))
+    assert pol["old_log_prob"].null_count() == 0 and (pol["old_log_prob"] <= 0).all()
+    assert tokens.filter(~pl.col("response_mask"))["old_log_prob"].null_count() == tokens.filter(~pl.col("response_mask")).height
+    from critic_audit.critic import load_critic
+
+    critic = load_critic(ck / "critic", device="cpu")
+    assert critic.head.weight.shape[0] == 1
+    from critic_audit.workflow import analyze
+
+    res = analyze([roll / "rollouts.jsonl"], tmp_path / "audit", scoring=_scoring(ck / "critic"), plots=False)
+    assert res.result.per_trajectory.height == 6
+    res2 = analyze([roll], tmp_path / "audit2", scoring=None, plots=False)
+    assert res2.tokens["value"].null_count() < res2.tokens.height
+
+
+def _scoring(path):
+    from critic_audit.workflow import ScoringConfig
+
+    return ScoringConfig(critic=path, device="cpu")
+
+
+@pytest.mark.parametrize("bad, words", [
+    (["algo.name=foo"], "algo.name"),
+    (["optim.lr=-1"], "optim.lr"),
+    (["optim.lr=fast"], "optim.lr"),
+    (["rollout.nope=1"], "rollout.nope"),
+    (["optim.schedule=weird"], "optim.schedule"),
+    (["algo.advantage={bogus=1}"], "algo.advantage.bogus"),
+    (["algo.advantage={lam=2.0}"], "lam"),
+    (["algo.name=grpo", "rollout.group_size=1"], "group_size"),
+    (["steps"], "no '='"),
+])
+def test_bad_config_values_are_one_line_errors(tmp_path, bad, words):
+    with pytest.raises(ConfigError) as ei:
+        cfg = load_config(None, bad)
+        Trainer(cfg, tmp_path / "run")
+    assert words in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_config_files_toml_and_yaml(tmp_path):
+    (tmp_path / "c.toml").write_text('steps = 7\n[algo]\nname = "grpo"\n[algo.advantage]\nepsilon = 1e-3\n[optim]\nbetas = [0.9, 0.95]\n')
+    cfg = load_config(tmp_path / "c.toml", ["optim.lr=3e-4"])
+    assert cfg.steps == 7 and cfg.algo.name == "grpo" and cfg.optim.betas == (0.9, 0.95) and cfg.optim.lr == 3e-4
+    assert cfg.algo.advantage == {"epsilon": 1e-3}
+    (tmp_path / "c.yaml").write_text("algo:\n  name: vapo\nenv:\n  kwargs:\n    num_decisions: 4\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    assert cfg.algo.name == "vapo" and cfg.env.kwargs["num_decisions"] == 4
+    (tmp_path / "bad.toml").write_text("steps = = 1")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_config(tmp_path / "bad.toml")
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "none.toml")
+
+
+class EchoEnv:
+    """A user environment: two turns, reward 1 if the first turn starts with L."""
+
+    def reset(self, seed):
+        self.k = 0
+        return [{"role": "user", "content": "cue A"}]
+
+    def step(self, text):
+        self.k += 1
+        if self.k == 1:
+            self.first = text
+            return [{"role": "user", "content": "ok"}], 0.0, False
+        return [], float(self.first.startswith("L")), True
+
+    def tokenizer(self):
+        return credit_tokenizer()
+
+
+def test_user_environment_from_entry_point(tmp_path):
+    cfg = load_config(None, TINY[:-2] + ["steps=1", "env.name=tests.test_train:EchoEnv", "algo.name=grpo",
+                                         "log.rollouts_every=0"])
+    tr = Trainer(cfg, tmp_path / "run")
+    m = tr.step()
+    assert m["rollout/num_turns_mean"] == 2
+    with pytest.raises(ConfigError, match="no attribute"):
+        Trainer(load_config(None, ["env.name=tests.test_train:Nope"]), tmp_path / "r2")
+    with pytest.raises(ConfigError, match="unknown environment"):
+        Trainer(load_config(None, ["env.name=nope"]), tmp_path / "r3")
+
+
+def test_gradient_accumulation_matches_full_batch(tmp_path):
+    base = TINY + ["steps=1", "optim.num_minibatches=1", "log.rollouts_every=0", "algo.name=grpo"]
+    a = Trainer(load_config(None, base), tmp_path / "a")
+    a.train()
+    b = Trainer(load_config(None, base + ["optim.micro_batch_size=1"]), tmp_path / "b")
+    b.train()
+    assert torch.allclose(params(a.policy), params(b.policy), atol=1e-5)
+    assert not math.isnan(read_metrics(tmp_path / "b")[0]["actor/pg_loss"])
+
+
+def test_existing_run_folder_needs_resume(tmp_path):
+    cfg = load_config(None, TINY + ["steps=1", "algo.name=grpo", "log.rollouts_every=0"])
+    Trainer(cfg, tmp_path / "run").train()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        Trainer(cfg, tmp_path / "run")
