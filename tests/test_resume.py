@@ -1,0 +1,190 @@
+"""Resumable scoring: a run killed with SIGKILL mid-way resumes and ends with identical values."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_critic_dir
+from critic_audit.critic import load_critic, score_values, score_values_cached, scoring_cache
+from critic_audit.critic.cache import DELAY_ENV, plan_chunks
+
+LENGTHS = [57, 3, 40, 1, 0, 33, 21, 64, 18, 45, 9, 28, 50, 12, 37]
+CHUNK_TOKENS = 60
+BUDGET = 128
+
+SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, torch
+    torch.set_num_threads(1)
+    from critic_audit.critic import load_critic, score_values_cached
+    critic_dir, cache, out, lengths = sys.argv[1], sys.argv[2], sys.argv[3], [int(x) for x in sys.argv[4].split(",")]
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(3, 200, size=n).astype(np.int64) for n in lengths]
+    c = load_critic(critic_dir, device="cpu", dtype="float32")
+    vals = score_values_cached(c, seqs, cache, token_budget=%d, chunk_tokens=%d, keep=True)
+    np.savez(out, *vals)
+""" % (BUDGET, CHUNK_TOKENS))
+
+
+def _seqs():
+    rng = np.random.default_rng(0)
+    return [rng.integers(3, 200, size=n).astype(np.int64) for n in LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def critic_path(tmp_path_factory):
+    return make_critic_dir(tmp_path_factory.mktemp("resume_critic"), seed=4)
+
+
+@pytest.fixture(scope="module")
+def critic(critic_path):
+    return load_critic(critic_path, device="cpu", dtype="float32")
+
+
+def _chunks(root: Path) -> list[Path]:
+    return sorted(root.glob("*/chunk-*.npz"))
+
+
+def test_uninterrupted_equals_score_values(critic, tmp_path):
+    seqs = _seqs()
+    plain = score_values(critic, seqs, token_budget=BUDGET)
+    st: dict = {}
+    calls = []
+    cached = score_values_cached(critic, seqs, tmp_path / "c", token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS,
+                                 stats=st, progress=lambda d, n: calls.append((d, n)))
+    assert st["n_chunks"] > 3 and st["resumed_chunks"] == 0
+    for a, b in zip(plain, cached, strict=True):
+        np.testing.assert_array_equal(a, b)  # same batches -> bit-identical
+    assert not (tmp_path / "c").exists()  # removed after success
+    assert calls[-1][0] == calls[-1][1] == st["real_tokens"]
+
+
+def test_chunks_group_whole_batches():
+    fed = [max(n - 1, 0) for n in LENGTHS]
+    chunks = plan_chunks(fed, BUDGET, CHUNK_TOKENS)
+    from critic_audit.critic import plan_batches
+
+    assert [b for c in chunks for b in c] == plan_batches(fed, BUDGET)
+
+
+def test_resume_after_sigkill(critic_path, critic, tmp_path):
+    script = tmp_path / "score.py"
+    script.write_text(SCRIPT)
+    cache = tmp_path / "cache"
+    args = [sys.executable, str(script), str(critic_path), str(cache), str(tmp_path / "killed.npz"),
+            ",".join(map(str, LENGTHS))]
+    env = {**os.environ, DELAY_ENV: "0.4", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    try:
+        while len(_chunks(cache)) < 2:
+            if proc.poll() is not None:
+                pytest.fail(f"the scoring run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail("no chunk written in 180 s")
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    n_total = len(plan_chunks([max(n - 1, 0) for n in LENGTHS], BUDGET, CHUNK_TOKENS))
+    written = len(_chunks(cache))
+    assert 2 <= written < n_total
+    manifest = json.loads(next(cache.glob("*/manifest.json")).read_text())
+    assert manifest["n_chunks"] == n_total and manifest["critic"]["dtype"] == "float32"
+
+    seqs = _seqs()
+    st: dict = {}
+    resumed = score_values_cached(critic, seqs, cache, token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS, stats=st)
+    assert st["resumed_chunks"] == written and st["n_chunks"] == n_total
+    assert not cache.exists()
+    fresh = score_values_cached(critic, seqs, tmp_path / "fresh", token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS)
+    assert [len(v) for v in resumed] == LENGTHS
+    for a, b in zip(resumed, fresh, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_stale_cache_is_discarded(critic, tmp_path):
+    seqs = _seqs()
+    cache = tmp_path / "cache"
+    score_values_cached(critic, seqs, cache, token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS, keep=True)
+    # corrupt one chunk: it is recomputed, the others are reused
+    chunk = _chunks(cache)[1]
+    chunk.write_bytes(b"garbage")
+    st: dict = {}
+    again = score_values_cached(critic, seqs, cache, token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS, stats=st, keep=True)
+    assert st["resumed_chunks"] == st["n_chunks"] - 1
+    # other sequences: another cache entry, nothing reused
+    seqs2 = [s[::-1].copy() for s in seqs]
+    st2: dict = {}
+    score_values_cached(critic, seqs2, cache, token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS, stats=st2, keep=True)
+    assert st2["resumed_chunks"] == 0
+    plain = score_values(critic, seqs, token_budget=BUDGET)
+    for a, b in zip(plain, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_workflow_analyze_resumes_and_cleans_up(critic_path, rollouts, tmp_path, monkeypatch):
+    """analyze inside scoring_cache (what the CLI does): the cache is used, then removed."""
+    import critic_audit.workflow as wf
+    from critic_audit.critic import cache_root_for
+    from critic_audit.workflow import ScoringConfig, analyze
+
+    out = tmp_path / "out"
+    root = cache_root_for(out)
+    assert root == tmp_path / "out.scoring-cache"
+    seen = {}
+    real = wf._score_missing
+
+    def spy(*a, **kw):
+        res = real(*a, **kw)
+        seen.update(a[3])
+        return res
+
+    monkeypatch.setattr(wf, "_score_missing", spy)
+    sc = ScoringConfig(critic=str(critic_path), device="cpu", dtype="float32", token_budget=256)
+    with scoring_cache(root, keep=True, chunk_tokens=50):
+        first = analyze([rollouts], out, scoring=sc, plots=False)
+    assert seen["scoring_cache"]["resumed_chunks"] == 0 and root.exists()
+    with scoring_cache(root, chunk_tokens=50):
+        second = analyze([rollouts], out, scoring=sc, plots=False)
+    assert seen["scoring_cache"]["resumed_chunks"] == seen["scoring_cache"]["n_chunks"] > 1
+    assert not root.exists()
+    assert first.tokens["value"].to_list() == second.tokens["value"].to_list()
+    # without a scoring_cache block: plain scoring, no cache folder
+    analyze([rollouts], tmp_path / "plain", scoring=sc, plots=False)
+    assert not cache_root_for(tmp_path / "plain").exists()
+
+
+def test_cli_resume_options(critic_path, rollouts, tmp_path):
+    from typer.testing import CliRunner
+
+    from critic_audit.cli import app
+
+    runner = CliRunner()
+    base = ["analyze", str(rollouts), "--critic", str(critic_path), "--bootstrap", "50", "--no-plots", "--json"]
+    out = tmp_path / "a"
+    res = runner.invoke(app, [*base, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert not (tmp_path / "a.scoring-cache").exists()  # removed after success
+    s = json.loads((out / "summary.json").read_text())
+    assert s["inference"]["scoring_cache"]["resumed_chunks"] == 0
+    res = runner.invoke(app, [*base, "--out", str(tmp_path / "b"), "--keep-scoring-cache"])
+    assert res.exit_code == 0, res.output
+    assert list((tmp_path / "b.scoring-cache").glob("*/manifest.json"))
+    res = runner.invoke(app, [*base, "--out", str(tmp_path / "b"), "--keep-scoring-cache"])
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert s["inference"]["scoring_cache"]["resumed_chunks"] == s["inference"]["scoring_cache"]["n_chunks"]
+    res = runner.invoke(app, [*base, "--out", str(tmp_path / "c"), "--no-resume"])
+    assert res.exit_code == 0, res.output
+    assert "scoring_cache" not in json.loads((tmp_path / "c" / "summary.json").read_text())["inference"]
+    assert not (tmp_path / "c.scoring-cache").exists()
