@@ -298,3 +298,13 @@ def test_missing_backbone_weights_are_an_error(ref, tmp_path):
     d = _hf_folder(tmp_path / "partial", "LlamaForCausalLM", {**partial, "v_head.summary.weight": w, "v_head.summary.bias": b})
     with pytest.raises(CheckpointError, match="missing"):
         load_critic(d, device="cpu")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm installed")
+def test_vllm_backend_is_guarded(ref):
+    from critic_audit.critic.vllm_backend import make_vllm_critic, vllm_available
+    from critic_audit.errors import ConfigError
+
+    assert not vllm_available()
+    with pytest.raises(ConfigError, match="vllm"):
+        make_vllm_critic(ref[0])
