@@ -1,0 +1,62 @@
+"""``critic-audit train`` through typer's CliRunner with a tiny config."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from typer.testing import CliRunner
+
+from critic_audit.cli import app
+
+TOML = """
+steps = 2
+seed = 1
+[env]
+max_new_tokens = 6
+[env.kwargs]
+num_decisions = 2
+report_tokens = 4
+observation_tokens = 2
+[model]
+tiny_hidden = 32
+tiny_intermediate = 64
+tiny_layers = 1
+tiny_heads = 2
+[rollout]
+prompts_per_step = 2
+group_size = 2
+[log]
+save_every = 1
+"""
+
+
+def test_cli_train_and_resume(tmp_path):
+    torch.set_num_threads(1)
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TOML)
+    runner = CliRunner()
+    res = runner.invoke(app, ["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--algo", "grpo",
+                              "--set", "optim.lr=2e-3", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "trained grpo on credit for 2 steps" in res.stdout
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["optim"]["lr"] == 2e-3 and saved["algo"]["name"] == "grpo"
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+    # again without --resume: refused; with --resume and more steps: continues
+    res = runner.invoke(app, ["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--quiet"])
+    assert res.exit_code == 1 and "--resume" in res.output
+    res = runner.invoke(app, ["train", "--out", str(tmp_path / "run"), "--resume", "--steps", "3", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_cli_train_bad_values_one_line(tmp_path):
+    runner = CliRunner()
+    for args, words in ((["--algo", "nope"], "algo.name"), (["--set", "optim.lr=-3"], "optim.lr"),
+                        (["--set", "env.kwargs={num_choices=9}"], "num_choices"),
+                        (["--config", str(tmp_path / "missing.toml")], "no such config file")):
+        res = runner.invoke(app, ["train", "--out", str(tmp_path / "r"), "--quiet", *args])
+        assert res.exit_code == 1, (args, res.output)
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], (args, res.output)
