@@ -231,8 +231,8 @@ def episodes_to_tables(episodes: Sequence[Episode], *, step: int, checkpoint: st
                        advantages: Tensor | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The canonical trajectories and tokens tables (``docs/tables.md``) of one step's episodes.
 
-    ``tokens`` carries ``value`` (V_t at rollout time; null at t = 0, at non-policy tokens' ... kept as
-    computed, null when no critic) and the extra columns ``old_log_prob`` (nats, the behaviour policy's
+    ``tokens`` carries ``value`` (the critic's V_t at rollout time at every position; null at t = 0 and
+    when the algorithm has no critic) and the extra columns ``old_log_prob`` (nats, the behaviour policy's
     log-probability of a sampled token; null at masked tokens) and ``advantage`` (null at masked tokens).
     Trajectory ids are ``step{step}-{row}``; ``metadata`` holds the seed, the group and ``truncated``.
     """
