@@ -433,7 +433,7 @@ def train(
                           f"{m['rollout/success_rate']:.3f}, {m['time/step_s']:.1f} s", highlight=False)
 
         with _Bar(enabled=not quiet) as bar:
-            trainer = Trainer(cfg, out_dir, progress=bar, on_metrics=on_metrics, resume=resume)
+            trainer = Trainer(cfg, out_dir, progress=bar, on_metrics=on_metrics, resume=resume, steps=steps)
             for note in trainer.notes:
                 err.print(f"note: {_escape(note)}")
             trainer.train()

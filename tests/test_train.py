@@ -114,7 +114,7 @@ def test_resume_reproduces_next_step(tmp_path):
     part.train()
     with open(tmp_path / "part" / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 3, "partial": True}) + "\n")
-    resumed = Trainer(load_config(None, over), tmp_path / "part", resume=True)
+    resumed = Trainer(load_config(None, []), tmp_path / "part", resume=True, steps=3)
     assert resumed.step_count == 2 and resumed.resumed_from == "step_2"
     resumed.train()
     got = read_metrics(tmp_path / "part")

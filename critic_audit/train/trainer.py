@@ -120,7 +120,9 @@ class Trainer:
         run_dir: the run folder (created; ``config.json`` written).
         progress: optional ``progress(stage, done, total)`` callback.
         on_metrics: optional callback receiving each step's metrics dict.
-        resume: load the newest checkpoint of ``run_dir`` (and its config) if there is one.
+        resume: load the newest checkpoint of ``run_dir`` and its saved config (``config`` is then
+            ignored) if there is one.
+        steps: train up to this many steps (overrides the config's; the way to extend a resumed run).
 
     Raises:
         ConfigError: bad configuration, or a run folder holding another run's config without ``resume``.
@@ -128,20 +130,21 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, run_dir: str | Path, *, progress: Progress | None = None,
-                 on_metrics: MetricsCallback | None = None, resume: bool = False) -> None:
+                 on_metrics: MetricsCallback | None = None, resume: bool = False,
+                 steps: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.progress, self.on_metrics = progress, on_metrics
         latest = self.run_dir / "checkpoints" / "latest"
         self.resumed_from: str | None = None
         self.notes: list[str] = []
         if resume and latest.is_file():
-            saved = json.loads((self.run_dir / CONFIG_FILE).read_text())
-            # a resumed run keeps its configuration; only the number of steps may grow
-            config = replace(config_from_dict(saved), steps=max(config.steps, saved["steps"])) \
-                if config.steps != saved["steps"] else config_from_dict(saved)
+            # a resumed run keeps its saved configuration; only the number of steps may change
+            config = config_from_dict(json.loads((self.run_dir / CONFIG_FILE).read_text()))
         elif (self.run_dir / METRICS_FILE).exists() and not resume:
             raise ConfigError("the run folder already holds a run", path=self.run_dir,
                               fix="pass --resume to continue it, or choose another --out")
+        if steps is not None:
+            config = replace(config, steps=steps)
         self.config = config
         self.device = _resolve_device(config.device)
         self.dtype = _resolve_dtype(config.dtype, self.device)
@@ -516,10 +519,10 @@ def _mkdir(p: Path) -> Path:
     return p
 
 
-def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: Progress | None = None,
-          on_metrics: MetricsCallback | None = None) -> Trainer:
+def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, steps: int | None = None,
+          progress: Progress | None = None, on_metrics: MetricsCallback | None = None) -> Trainer:
     """Build a :class:`Trainer` and run it to ``config.steps``; returns the trainer (metrics in its folder)."""
-    trainer = Trainer(config, run_dir, progress=progress, on_metrics=on_metrics, resume=resume)
+    trainer = Trainer(config, run_dir, progress=progress, on_metrics=on_metrics, resume=resume, steps=steps)
     trainer.train()
     return trainer
 
