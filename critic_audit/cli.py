@@ -25,7 +25,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False)
+# When piped, rich would cut tables at 80 columns: give them room.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 DEBUG_ENV = "CRITIC_AUDIT_DEBUG"
@@ -68,15 +69,19 @@ def _escape(s: str) -> str:
 
 
 class _Bar:
-    """A rich progress bar on stderr driven by the library's ``progress(stage, done, total)``."""
+    """Progress on stderr driven by the library's ``progress(stage, done, total)``: a rich bar on a
+    terminal, otherwise a plain line at most every 15 s per stage (and at the end)."""
 
     LABELS = {"tokenize": "tokenize (conversations)", "score": "critic (tokens)", "fit": "fit (tokens)"}
 
     def __init__(self, enabled: bool = True) -> None:
+        self.live = enabled and err.is_terminal
+        self.enabled = enabled
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False,
-                                 disable=not enabled)
+                                 disable=not self.live)
         self.tasks: dict[str, Any] = {}
+        self.last_log: dict[str, float] = {}
 
     def __enter__(self) -> "_Bar":
         self.progress.__enter__()
@@ -85,10 +90,22 @@ class _Bar:
     def __exit__(self, *a: Any) -> None:
         self.progress.__exit__(*a)
 
+    def _label(self, stage: str) -> str:
+        base, _, rest = stage.partition(" ")
+        return _escape(self.LABELS.get(base, base) + (f" {rest}" if rest else ""))
+
     def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage not in self.tasks:
-            self.tasks[stage] = self.progress.add_task(self.LABELS.get(stage, stage), total=total)
-        self.progress.update(self.tasks[stage], completed=done, total=total)
+        if self.live:
+            if stage not in self.tasks:
+                self.tasks[stage] = self.progress.add_task(self._label(stage), total=total)
+            self.progress.update(self.tasks[stage], completed=done, total=total)
+        elif self.enabled:
+            import time
+
+            now = time.monotonic()
+            if done >= total or now - self.last_log.get(stage, -1e9) >= 15:
+                self.last_log[stage] = now
+                err.print(f"{self._label(stage)}: {done}/{total}", soft_wrap=True)
 
 
 def _fmt_ci(d: dict | None) -> str:
@@ -111,7 +128,9 @@ def _summary_table(s: dict) -> Table:
         t.add_row("excluded", ", ".join(f"{k}: {v}" for k, v in sorted(s["excluded"].items())))
     tr = s.get("truncated") or {}
     if tr.get("trajectories"):
-        t.add_row("truncated to the critic's context", f"{tr['trajectories']} trajectories, {tr['turns']} turns dropped")
+        t.add_row("truncated to the critic's context",
+                  f"{tr['trajectories']} {'trajectory' if tr['trajectories'] == 1 else 'trajectories'}, "
+                  f"{tr['turns']} {'turn' if tr['turns'] == 1 else 'turns'} dropped")
     t.add_row("median eta2 (share of variance between turns)", _fmt_ci(s["eta2_median"]))
     t.add_row("(a) fraction SS_B > SS_W", _fmt_ci(s["frac_ss_between_gt_within"]))
     t.add_row("(b) fraction var(turn means) > mean within var", _fmt_ci(s["frac_var_turn_means_gt_mean_within_var"]))
@@ -150,7 +169,8 @@ def _critics_table(s: dict) -> Table:
 def analyze(
     inputs: Inputs,
     critic: Annotated[Optional[list[Path]], typer.Option(help="Critic checkpoint folder (HF token-classification layout); repeat it to compare several critics (e.g. checkpoints) on the same rollouts.")] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Output folder (replaced atomically).")] = Path("audit_out"),
+    out_dir: Annotated[Path, typer.Option("--out", help="Output folder, replaced atomically when it holds an earlier audit.")] = Path("audit_out"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out even when it is not an earlier critic-audit output.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout instead of a table.")] = False,
     scope: Annotated[str, typer.Option(help="assistant: policy tokens only; all: every token, non-assistant runs as their own groups.")] = "assistant",
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the 95% intervals.")] = 2000,
@@ -210,7 +230,7 @@ def analyze(
                 scoring_cache(cache_root_for(out_dir), resume=resume, keep=keep_scoring_cache):
             res = run_analyze(inputs, out_dir, scoring=scoring, read_options=read_opts, tokenize=tcfg,
                               audit_config=acfg, plots=not no_plots, progress=bar, input_options=input_opts,
-                              stream=stream)
+                              stream=stream, overwrite=overwrite)
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - every error becomes one line
@@ -225,13 +245,17 @@ def analyze(
         sys.stdout.write(json.dumps(s, indent=2, default=str) + "\n")
     elif "per_critic" in s:
         out.print(_critics_table(s))
-        out.print(f"wrote {res.out_dir}/ (summary.json, report.md, trajectories.parquet, critics/<critic>/, plots/)")
+        out.print(f"wrote {res.out_dir}/ ({', '.join(_written(res.out_dir))})")
     else:
         out.print(_summary_table(s))
         rec = s.get("recommendation") or {}
         out.print(f"[bold]recommendation ({rec.get('verdict')}):[/bold] {_escape(rec.get('text', ''))}")
-        tokens_note = "" if s.get("streamed") else "tokens.parquet, "
-        out.print(f"wrote {res.out_dir}/ (summary.json, report.md, report.html, trajectories.parquet, {tokens_note}plots/)")
+        out.print(f"wrote {res.out_dir}/ ({', '.join(_written(res.out_dir))})")
+
+
+def _written(folder: Path) -> list[str]:
+    """What an output folder actually holds (top level), for the closing line."""
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in Path(folder).iterdir() if not p.name.startswith("."))
 
 
 def _read_template(path: Optional[Path]) -> Optional[str]:
@@ -303,8 +327,7 @@ def build_critic(
 
         if not head.is_file():
             raise InputError("no such value-head file", path=head, fix="pass the file written by fit-critic --head-out")
-        err.print(f"backbone {backbone}: preparing (the first time converts the GGUF, ~20 s)")
-        bdir = cached_backbone(backbone)
+        bdir = cached_backbone(backbone, progress=lambda msg: err.print(msg, soft_wrap=True))
         path = run_build(bdir, head, out_dir, overwrite=overwrite)
     except typer.Exit:
         raise
@@ -327,7 +350,8 @@ def monitor(
 ) -> None:
     """Score each turn by the robust z of its change in critic value and measure how well it predicts failure."""
     try:
-        from critic_audit.analysis.monitor import MonitorConfig, load_audit_folder, write_parquet_atomic
+        from critic_audit.analysis.monitor import MonitorConfig, write_parquet_atomic
+        from critic_audit.workflow import load_audit_folder
         from critic_audit.analysis.monitor import monitor as run_monitor
 
         cfg = MonitorConfig(threshold=threshold, reference=reference, n_boot=bootstrap, seed=seed)

@@ -179,7 +179,11 @@ def plot_eta2_box(per_trajectory: pl.DataFrame, by: str = "checkpoint", out: str
     data = [inc.filter(pl.col(by).is_null() if k is None else pl.col(by) == k)["eta2"].to_numpy() for k in keys]
     fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(keys) + 2), 4))
     if data:
-        ax.boxplot(data, tick_labels=[str(k) for k in keys], showmeans=True)
+        ax.boxplot(data, tick_labels=["unknown" if k is None else str(k) for k in keys], showmeans=True)
+        from matplotlib.lines import Line2D
+
+        ax.legend(handles=[Line2D([], [], color="orange", label="median"),
+                           Line2D([], [], marker="^", color="green", ls="", label="mean")], fontsize=8)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     ax.set_ylim(0, 1)
     ax.set_xlabel(by)
@@ -242,9 +246,14 @@ def plot_turn_position(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: 
         if part.height == 0:
             continue
         k, m, se = part["turn"].to_numpy(), part["mean"].to_numpy(), part["se"].fill_null(0).to_numpy()
-        ax.plot(k, m, marker="o", ms=3, color=color, label=f"success={flag}")
+        n = part["n"].to_numpy()
+        ax.plot(k, m, marker="o", ms=3, color=color,
+                label=f"success={flag} (trajectories per turn: {n.max()} at k=0 to {n.min()})")
         ax.fill_between(k, m - se, m + se, color=color, alpha=0.15)
-    ax.set_xlabel("assistant turn k")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("assistant turn k (bands: +-1 standard error over trajectories)")
     ax.set_ylabel("mean of turn-mean value")
     ax.set_title("Critic value by turn position")
     ax.legend(fontsize=8)

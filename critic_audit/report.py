@@ -58,6 +58,10 @@ def _ci(d: dict | None, pct: bool = False) -> str:
     return f"{f(d['estimate'])} (95% CI {f(lo)} to {f(hi)})" if lo is not None else f(d["estimate"])
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def _n(x: Any, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -80,8 +84,9 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
         "",
         "| measure | value |",
         "|---|---|",
+        f"| scope | {s.get('scope')} ({'policy tokens, one group per assistant turn' if s.get('scope') == 'assistant' else 'every scored token; assistant turns and user/tool/template runs are groups'}) |",
         f"| trajectories audited / read | {s.get('n_included')} / {s.get('n_trajectories')} |",
-        f"| assistant turns / tokens audited | {s.get('n_turns_included')} / {s.get('n_tokens_included')} |",
+        f"| {'assistant turns' if s.get('scope') == 'assistant' else 'groups (turns and other segments)'} / tokens audited | {s.get('n_turns_included')} / {s.get('n_tokens_included')} |",
         f"| median eta2 (share of value variance between turns) | {_ci(s.get('eta2_median'))} |",
         f"| (a) trajectories with SS_B > SS_W | {_ci(s.get('frac_ss_between_gt_within'), True)} |",
         f"| (b) var(turn means) > mean within-turn var | {_ci(s.get('frac_var_turn_means_gt_mean_within_var'), True)} |",
@@ -105,8 +110,8 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
     lines += [f"- {k}: {v}" for k, v in sorted(exc.items())] or ["- none"]
     tr = s.get("truncated") or {}
     if tr.get("trajectories"):
-        lines.append(f"- truncated to the critic's context (kept, later turns dropped): {tr['trajectories']} "
-                     f"trajectories, {tr['turns']} turns")
+        lines.append(f"- truncated to the critic's context (kept, later turns dropped): {_plural(tr['trajectories'], 'trajectory', 'trajectories')}, "
+                     f"{_plural(tr['turns'], 'turn', 'turns')}")
     sections = [("by_success", "success"), ("by_source", "source"), ("by_checkpoint", "checkpoint"),
                 ("by_turn_bucket", "number of turns"), ("by_critic", "critic")]
     sections += [((("breakdowns", k)), k) for k in (s.get("breakdowns") or {})]
@@ -205,6 +210,8 @@ def rerender(folder: str | Path) -> Path:
     from critic_audit.errors import InputError
 
     folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError("no such folder", path=folder, fix="pass an output folder written by critic-audit analyze")
     for name in ("summary.json", "trajectories.parquet", "tokens.parquet"):
         if not (folder / name).exists():
             raise InputError(f"no {name} in the folder", path=folder,

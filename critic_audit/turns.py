@@ -84,7 +84,8 @@ class TokenizeConfig:
             raise ConfigError(f"unknown tool-call format {self.tool_call_format!r}",
                               fix=f"use one of {', '.join(TOOL_CALL_FORMATS)}")
         if self.max_length is not None and self.max_length < 2:
-            raise ConfigError(f"max_length {self.max_length} is too small", fix="use at least 2 tokens")
+            raise ConfigError(f"--max-length {self.max_length} is too small",
+                              fix="use at least 2 tokens (default: the critic's context)")
 
 
 @dataclasses.dataclass

@@ -61,6 +61,11 @@ class ScoringConfig:
     token_budget: int = 16384
     trust_remote_code: bool = False
 
+    def __post_init__(self) -> None:
+        if self.token_budget < 1:
+            raise ConfigError(f"--token-budget must be at least 1, got {self.token_budget}",
+                              fix="use e.g. --token-budget 16384")
+
 
 def _reading(input_options: InputOptions | None, report: ReadReport | None) -> tuple[InputOptions, ReadReport]:
     return input_options or InputOptions(), report if report is not None else ReadReport()
@@ -181,13 +186,43 @@ def read_tables(path: str | Path, *, read_options: ChatReadOptions | None = None
     return trajs, tokens, pre
 
 
+def check_output_folder(out_dir: Path, inputs: Sequence[str | Path] = (), *, overwrite: bool = False) -> Path:
+    """Resolve ``out_dir`` and refuse to replace what is not ours to replace.
+
+    An existing folder is replaced only when it is empty, holds an earlier critic-audit output
+    (``summary.json``), or ``overwrite`` is set; it may never be one of the inputs or contain one.
+
+    Raises:
+        ConfigError: the folder would destroy an input or unrelated files.
+    """
+    out_dir = Path(out_dir).expanduser().resolve()
+    for p in inputs:
+        rp = Path(p).expanduser().resolve()
+        if rp == out_dir or out_dir in rp.parents:
+            raise ConfigError(f"the output folder {out_dir} is (or holds) the input {p}",
+                              fix="pass another --out, e.g. --out audit_out2")
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise ConfigError(f"--out {out_dir} is a file", fix="pass a folder path")
+        if any(out_dir.iterdir()) and not (out_dir / "summary.json").exists() and not overwrite:
+            raise ConfigError(f"--out {out_dir} exists and is not a critic-audit output folder",
+                              fix="pass a new or empty folder, or --overwrite to replace it")
+    return out_dir
+
+
 def _atomic_output(out_dir: Path) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
 
 
 def _publish(tmp: Path, out_dir: Path) -> None:
-    """Replace ``out_dir`` by ``tmp`` (rename; the old folder is removed only after the swap)."""
+    """Replace ``out_dir`` by ``tmp`` (rename; the old folder is removed only after the swap).
+
+    The new folder gets the permissions of a folder made with ``mkdir`` (mkdtemp makes it private).
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
     old = None
     if out_dir.exists():
         old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
@@ -212,13 +247,18 @@ class AnalyzeOutcome:
 
 
 def critic_labels(scorings: Sequence[ScoringConfig]) -> list[str]:
-    """Short unique labels for critics: the folder name, with its parent where names collide."""
-    names = [Path(sc.critic).name or str(sc.critic) for sc in scorings]
+    """Short unique labels for critics, usable as folder names: the folder name, prefixed by its
+    parent's name where names collide (``runA_critic``), then numbered (``critic-2``)."""
+    paths = [Path(sc.critic).expanduser().resolve() for sc in scorings]
+    names = [p.name or "critic" for p in paths]
     if len(set(names)) < len(names):
-        names = [f"{Path(sc.critic).parent.name}/{Path(sc.critic).name}" for sc in scorings]
-    if len(set(names)) < len(names):
-        names = [f"{i}:{n}" for i, n in enumerate(names)]
-    return names
+        names = [f"{p.parent.name}_{p.name}" if p.parent.name else p.name for p in paths]
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}-{seen[n]}")
+    return out
 
 
 def _audit_one(
@@ -241,17 +281,24 @@ def _audit_one(
     inference: dict[str, Any] = {}
     truncation = {"trajectories": 0, "turns": 0}
 
+    carried: list[dict[str, Any]] = []
     for p in table_inputs:
         tr, tk, pre = read_tables(p, read_options=read_options, input_options=input_options, report=report)
         pre_excluded.update(pre)
         trajs_parts.append(tr)
         token_parts.append(tk)
+        prior = _prior_summary(p)
+        if prior:
+            carried.append(prior)
+            for k in ("trajectories", "turns"):
+                truncation[k] += int((prior.get("truncated") or {}).get(k, 0))
 
     critic = None
     needs_values = any(t.filter(pl.col("response_mask") & pl.col("value").is_null()).height for t in token_parts)
     if chat_inputs or needs_values:
         if scoring is None:
-            raise ConfigError("these inputs carry no critic values", fix="pass --critic CHECKPOINT_DIR")
+            where = ", ".join(str(p) for p in (chat_inputs or table_inputs))
+            raise ConfigError(f"{where}: no critic values to audit", fix="pass --critic CHECKPOINT_DIR")
         from critic_audit.critic import load_critic  # torch/transformers load only when needed
 
         critic = load_critic(scoring.critic, device=scoring.device, dtype=scoring.dtype,
@@ -285,6 +332,10 @@ def _audit_one(
 
     result = audit(trajectories, tokens, audit_config, pre_excluded=pre_excluded)
     result.summary["truncated"] = truncation
+    if not inference and carried:
+        # values re-audited from saved tables: say which critic produced them
+        inference = {"values_from": [c.get("inputs") for c in carried],
+                     "critic": [(c.get("inference") or {}).get("critic") for c in carried]}
     result.summary["inference"] = inference or None
     result.summary["inputs"] = [str(p) for p in inputs]
     result.summary["critic_audit_version"] = __version__
@@ -315,6 +366,7 @@ def analyze(
     progress: Progress | None = None,
     input_options: InputOptions = InputOptions(),
     stream: bool = False,
+    overwrite: bool = False,
 ) -> AnalyzeOutcome:
     """Run the audit end to end and write the output folder atomically.
 
@@ -344,9 +396,11 @@ def analyze(
         InputError, SchemaError, TemplateError, CheckpointError, ConfigError: bad input or options.
     """
     t0 = time.perf_counter()
-    out_dir = Path(out_dir)
     if not inputs:
         raise ConfigError("no input given", fix="pass one or more rollout files or folders")
+    out_dir = check_output_folder(Path(out_dir), inputs, overwrite=overwrite)
+    for p in inputs:
+        _refuse_multi_critic_folder(p)
     _report = ReadReport()
     chat_inputs = [p for p in inputs if not is_table_input(p, input_options)]
     for p in chat_inputs:
@@ -362,6 +416,11 @@ def analyze(
     else:
         scorings = list(scoring) or [None]
     convs = read_inputs(chat_inputs, read_options, input_options=input_options, report=_report) if chat_inputs else None
+    if chat_inputs and not convs:
+        raise InputError("no rollouts in the input", path=chat_inputs[0] if len(chat_inputs) == 1 else None,
+                         fix="pass a file with at least one record")
+    if convs:
+        _check_group_by(audit_config, convs)
     base_config = {
         "inputs": [str(p) for p in inputs],
         "out": str(out_dir),
@@ -429,6 +488,65 @@ def analyze(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return AnalyzeOutcome(AuditResult(per_all, summary), first_tokens, out_dir)
+
+
+def _prior_summary(path: str | Path) -> dict[str, Any] | None:
+    """The summary.json of an earlier audit whose tables are being re-audited, if any."""
+    p = Path(path)
+    summ = (p if p.is_dir() else p.parent) / "summary.json"
+    try:
+        return json.loads(summ.read_text()) if summ.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
+def load_audit_folder(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Read an output folder of ``critic-audit analyze`` (``tokens.parquet``, ``trajectories.parquet``).
+
+    Returns:
+        ``(trajectories, tokens)`` as :func:`read_tables` returns them.
+
+    Raises:
+        InputError: the folder is missing, is not a folder, or has no ``tokens.parquet``; a table
+            cannot be read. SchemaError: a table breaks its schema.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such folder", path=p, fix="pass the --out folder of critic-audit analyze")
+    if not p.is_dir():
+        raise InputError("not a folder", path=p, fix="pass the --out folder of critic-audit analyze")
+    _refuse_multi_critic_folder(p)
+    if not (p / "tokens.parquet").exists():
+        raise InputError("no tokens.parquet in the folder", path=p,
+                         fix="pass the --out folder of critic-audit analyze")
+    trajectories, tokens, _ = read_tables(p)
+    return trajectories, tokens
+
+
+def _refuse_multi_critic_folder(path: str | Path) -> None:
+    p = Path(path)
+    summ = p / "summary.json"
+    if p.is_dir() and summ.exists() and not (p / "tokens.parquet").exists():
+        try:
+            critics = json.loads(summ.read_text()).get("critics")
+        except (OSError, ValueError):
+            critics = None
+        if critics:
+            raise InputError("this is a several-critic audit folder (no tokens table at its top level)", path=p,
+                             fix=f"pass one of its critic folders, e.g. {p / 'critics' / critics[0]}")
+
+
+def _check_group_by(config: AuditConfig, convs: Sequence[Conversation]) -> None:
+    """Fail before scoring when a --group-by column is neither a trajectory column nor a metadata key."""
+    from critic_audit.analysis.audit import GROUPABLE
+
+    for col in config.group_by:
+        if col in GROUPABLE:
+            continue
+        if not any(col in c.metadata for c in convs):
+            keys = sorted({k for c in convs for k in c.metadata})[:12]
+            raise ConfigError(f"no trajectory column or metadata field {col!r} to group by",
+                              fix=f"use one of {', '.join(GROUPABLE)}" + (f" or a metadata field ({', '.join(keys)})" if keys else ""))
 
 
 def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: AuditConfig, plots: bool,

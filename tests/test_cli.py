@@ -77,7 +77,9 @@ def test_json_output_and_tables_skip_inference(rollouts, critic_dir, tmp_path):
     res2 = _run("analyze", out, "--out", out2, "--json", "--bootstrap", 100, "--no-plots")
     assert res2.exit_code == 0, res2.output
     s2 = json.loads(res2.stdout)
-    assert s2["eta2_median"] == s["eta2_median"] and s2["inference"] is None
+    assert s2["eta2_median"] == s["eta2_median"]
+    # the re-audit says which critic produced the values it read, and keeps the truncation counts
+    assert s2["inference"]["critic"] == [str(critic_dir)] and s2["truncated"] == s["truncated"]
 
 
 def test_scope_all_changes_groups(rollouts, critic_dir, tmp_path):
@@ -257,3 +259,48 @@ def test_stream_mode_equals_in_memory(rollouts, critic_dir, tmp_path):
     assert (tmp_path / "s" / "plots" / "value_traces.png").exists() and not (tmp_path / "s" / "tokens.parquet").exists()
     bad = _run("analyze", rollouts, "--stream", "--out", tmp_path / "x", "--critic", critic_dir)
     _assert_one_line_error(bad, "--stream", out_dir=tmp_path / "x")
+
+
+def test_out_folder_protection(rollouts, critic_dir, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "important.txt").write_text("precious")
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", victim, "--no-plots", "--bootstrap", 20)
+    _assert_one_line_error(res, "not a critic-audit output folder", "--overwrite")
+    assert (victim / "important.txt").read_text() == "precious"
+    ok = _run("analyze", rollouts, "--critic", critic_dir, "--out", victim, "--no-plots", "--bootstrap", 20, "--overwrite")
+    assert ok.exit_code == 0 and not (victim / "important.txt").exists()
+    # re-auditing a folder into itself would destroy the input
+    same = _run("analyze", victim, "--out", victim, "--no-plots")
+    _assert_one_line_error(same, "input", "--out")
+    assert (victim / "tokens.parquet").exists()
+    # folders are readable like any mkdir'd folder, not private
+    assert (victim.stat().st_mode & 0o777) != 0o700
+
+
+def test_same_named_critics_and_empty_input(rollouts, critic_dir, tmp_path):
+    import shutil
+
+    for run in ("runA", "runB"):
+        shutil.copytree(critic_dir, tmp_path / run / "critic")
+    out = tmp_path / "cmp"
+    res = _run("analyze", rollouts, "--critic", tmp_path / "runA" / "critic", "--critic", tmp_path / "runB" / "critic",
+               "--out", out, "--no-plots", "--bootstrap", 20)
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "summary.json").read_text())["critics"] == ["runA_critic", "runB_critic"]
+    # a several-critic folder is not a table input: say where the tables are
+    again = _run("analyze", out, "--out", tmp_path / "o2")
+    _assert_one_line_error(again, "several-critic", "critics/runA_critic")
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    _assert_one_line_error(_run("analyze", empty, "--critic", critic_dir, "--out", tmp_path / "e"),
+                           "empty.json", "no rollouts", out_dir=tmp_path / "e")
+
+
+def test_group_by_checked_before_scoring(rollouts, critic_dir, tmp_path):
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", tmp_path / "g", "--group-by", "nope")
+    _assert_one_line_error(res, "nope", "group_id", out_dir=tmp_path / "g")
+    assert "critic (tokens)" not in res.output  # failed before any scoring
+    ok = _run("analyze", rollouts, "--critic", critic_dir, "--out", tmp_path / "g", "--group-by", "group_id",
+              "--json", "--no-plots", "--bootstrap", 20)
+    assert ok.exit_code == 0, ok.output

@@ -91,7 +91,8 @@ def test_turn_position_means():
     (0.2, 0.1, 0.3, 0.6, "token_level"),
     (0.5, 0.5, 0.3, 0.6, "multiscale"),
     (0.9, 0.95, -0.1, 0.1, "critic_too_weak"),
-    (0.9, 0.95, None, None, "critic_too_weak"),
+    (0.9, 0.95, None, None, "quality_unmeasured"),
+    (0.9, 0.95, None, 0.1, "critic_too_weak"),
     (0.9, 0.95, 0.01, 0.5, "turn_level"),  # a strong correlation alone is enough
 ])
 def test_recommendation_rules(eta, frac, ev, corr, verdict):
@@ -100,6 +101,7 @@ def test_recommendation_rules(eta, frac, ev, corr, verdict):
     r = recommend(s, AuditConfig())
     assert r["verdict"] == verdict
     assert r["thresholds"]["turn_level_eta2"] == 0.7
+    assert recommend(s, AuditConfig(scope="all"))["verdict"] == "not_assessed"
 
 
 def test_report_files_and_plot_command(tmp_path):
@@ -123,7 +125,7 @@ def test_report_files_and_plot_command(tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "plots" / "eta2_ecdf.svg").exists()
     bad = CliRunner().invoke(app, ["plot", str(tmp_path / "nope")])
-    assert bad.exit_code == 1 and "summary.json" in bad.output and "Traceback" not in bad.output
+    assert bad.exit_code == 1 and "no such folder" in bad.output and "Traceback" not in bad.output
 
 
 def test_markdown_breakdowns_listed():
@@ -154,3 +156,19 @@ def test_audit_parquet_equals_in_memory(tmp_path):
     assert a["boundary"] == pytest.approx(b["boundary"])
     cols = ["trajectory_id", "eta2", "omega2", "excluded"]
     assert mem.per_trajectory.select(cols).equals(streamed.per_trajectory.select(cols))
+
+
+def test_breakdown_natural_order_metadata_and_small_groups():
+    from critic_audit.analysis.audit import breakdown
+
+    trajs, tokens = _tables(n=6)
+    trajs = trajs.with_columns(group_id=pl.Series(["12", "4", "38", "4", "12", "8"]),
+                               metadata=pl.Series([f'{{"trial": {i % 2}}}' for i in range(6)]))
+    res = audit(trajs, tokens, AuditConfig(n_boot=50))
+    by = breakdown(res.per_trajectory, "group_id", AuditConfig(n_boot=50))
+    assert list(by) == ["4", "8", "12", "38"]
+    assert by["8"]["eta2_median"]["ci95"] is None and by["4"]["eta2_median"]["ci95"] is not None
+    trial = breakdown(res.per_trajectory, "trial", AuditConfig(n_boot=50))
+    assert list(trial) == ["0", "1"] and trial["0"]["n"] == 3
+    with pytest.raises(Exception, match="no trajectory column or metadata field 'nope'"):
+        breakdown(res.per_trajectory, "nope")

@@ -21,6 +21,9 @@ from critic_audit.errors import ConfigError, SchemaError
 
 SCOPES = ("assistant", "all")
 
+#: Trajectory columns a breakdown can use directly (any other name is looked up in ``metadata``).
+GROUPABLE = ("success", "source", "checkpoint", "group_id", "num_turns", "turn_bucket", "reward")
+
 #: The MPO paper's figures, reported beside ours for orientation (arXiv:2610.35013).
 PAPER_REFERENCE = {"median_eta2": 0.895, "frac_ss_between_gt_within": 0.938}
 
@@ -61,7 +64,7 @@ class AuditConfig:
         if self.scope not in SCOPES:
             raise ConfigError(f"unknown scope {self.scope!r}", fix="use --scope assistant or --scope all")
         if self.n_boot < 1:
-            raise ConfigError(f"n_boot must be positive, got {self.n_boot}", fix="use e.g. --bootstrap 2000")
+            raise ConfigError(f"--bootstrap must be at least 1, got {self.n_boot}", fix="use e.g. --bootstrap 2000")
 
 
 @dataclasses.dataclass
@@ -102,12 +105,16 @@ def _group_stats(df: pl.DataFrame, config: AuditConfig) -> dict[str, Any]:
     inc = df.filter(pl.col("excluded").is_null())
     eta = inc["eta2"].to_numpy()
     out: dict[str, Any] = {"n": df.height, "n_included": inc.height}
-    est, lo, hi = bootstrap_ci(eta, "median", n_boot=config.n_boot, seed=config.seed)
-    out["eta2_median"] = {"estimate": _num(est), "ci95": [_num(lo), _num(hi)]}
-    a = inc["reading_a"].cast(pl.Float64).to_numpy()
-    est, lo, hi = bootstrap_ci(a, "mean", n_boot=config.n_boot, seed=config.seed)
-    out["frac_ss_between_gt_within"] = {"estimate": _num(est), "ci95": [_num(lo), _num(hi)]}
+    out["eta2_median"] = _ci_entry(eta, "median", config)
+    out["frac_ss_between_gt_within"] = _ci_entry(inc["reading_a"].cast(pl.Float64).to_numpy(), "mean", config)
     return out
+
+
+def _ci_entry(x: np.ndarray, stat: str, config: AuditConfig) -> dict[str, Any]:
+    """``{"estimate", "ci95"}``; the interval is null with fewer than 2 trajectories (it would be 0 wide)."""
+    est, lo, hi = bootstrap_ci(x, stat, n_boot=config.n_boot, seed=config.seed)
+    n = int(np.isfinite(np.asarray(x, dtype=np.float64)).sum())
+    return {"estimate": _num(est), "ci95": [_num(lo), _num(hi)] if n >= 2 else None}
 
 
 def _num(x: Any) -> Any:
@@ -117,17 +124,43 @@ def _num(x: Any) -> Any:
     return x if math.isfinite(x) else None
 
 
+def _natural_key(v: Any) -> tuple:
+    """Sort numbers numerically and strings by their leading number (turn buckets "1-2" < "11-20")."""
+    if v is None:
+        return (2, 0.0, "")
+    if isinstance(v, (int, float, bool)):
+        return (0, float(v), "")
+    text = str(v)
+    digits = ""
+    for ch in text.lstrip(">"):
+        if ch.isdigit() or (ch == "." and digits):
+            digits += ch
+        else:
+            break
+    return (0, float(digits) + (0.5 if text.startswith(">") else 0.0), text) if digits else (1, 0.0, text)
+
+
 def breakdown(per_trajectory: pl.DataFrame, by: str, config: AuditConfig = AuditConfig()) -> dict[str, Any]:
-    """Headline statistics per value of a trajectory column (``success``, ``source``, ...).
+    """Headline statistics per value of a trajectory column (``success``, ``source``, ...) or of a
+    field of the trajectories' ``metadata`` JSON (e.g. ``trial``), in natural order.
 
     Returns a dict ``{str(value): {"n", "n_included", "eta2_median", "frac_ss_between_gt_within"}}``;
-    null values are labelled ``"unknown"``.
+    null values are labelled ``"unknown"``. Intervals of groups with fewer than 2 audited trajectories
+    are null.
+
+    Raises:
+        ConfigError: ``by`` is neither a column nor a metadata field of any trajectory.
     """
     if by not in per_trajectory.columns:
-        raise ConfigError(f"no trajectory column {by!r} to break down by",
-                          fix=f"use one of {', '.join(per_trajectory.columns)}")
+        field = None
+        if "metadata" in per_trajectory.columns:
+            field = per_trajectory["metadata"].str.json_path_match(f"$.{by}")
+        if field is None or field.null_count() == field.len():
+            raise ConfigError(f"no trajectory column or metadata field {by!r} to break down by",
+                              fix=f"use one of {', '.join(GROUPABLE)} or a metadata field")
+        per_trajectory = per_trajectory.with_columns(field.alias(by))
     out = {}
-    keys = per_trajectory[by].unique(maintain_order=True).sort(nulls_last=True).to_list()
+    keys = sorted(per_trajectory[by].unique().to_list(), key=_natural_key)
     for key in keys:
         part = per_trajectory.filter(pl.col(by).is_null() if key is None else pl.col(by) == key)
         out["unknown" if key is None else str(key)] = _group_stats(part, config)
@@ -237,9 +270,7 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
     }
     summary.update({k: v for k, v in _group_stats(per, config).items() if k not in ("n", "n_included")})
     for reading, label in (("reading_b", "frac_var_turn_means_gt_mean_within_var"), ("reading_c", "frac_f_gt_1")):
-        est, lo, hi = bootstrap_ci(inc[reading].cast(pl.Float64).to_numpy(), "mean",
-                                   n_boot=config.n_boot, seed=config.seed)
-        summary[label] = {"estimate": _num(est), "ci95": [_num(lo), _num(hi)]}
+        summary[label] = _ci_entry(inc[reading].cast(pl.Float64).to_numpy(), "mean", config)
     for col in ("omega2", "icc1", "f_stat"):
         vals = inc[col].fill_nan(None).drop_nulls()
         summary[f"{col}_median"] = _num(float(np.median(vals.to_numpy())) if vals.len() else None)
@@ -278,7 +309,8 @@ def recommend(summary: dict[str, Any], config: AuditConfig = AuditConfig()) -> d
     4. Otherwise: both scales carry variance; MPO with the intra-turn refinement (beta = 1).
 
     Returns ``{"verdict", "text", "thresholds"}``; verdict is one of ``critic_too_weak``,
-    ``turn_level``, ``token_level``, ``multiscale``, ``no_data``.
+    ``turn_level``, ``token_level``, ``multiscale``, ``no_data``, ``quality_unmeasured`` (no usable
+    rewards) and ``not_assessed`` (``--scope all``).
     """
     th = {"turn_level_eta2": config.turn_level_eta2, "token_level_eta2": config.token_level_eta2,
           "min_explained_variance": config.min_explained_variance, "min_corr": config.min_corr}
@@ -288,8 +320,17 @@ def recommend(summary: dict[str, Any], config: AuditConfig = AuditConfig()) -> d
     ev, corr = q.get("explained_variance"), q.get("corr_mean_value_reward")
     if eta is None:
         return {"verdict": "no_data", "text": "No trajectory could be audited (see the exclusions).", "thresholds": th}
-    weak = (ev is None and corr is None) or (
-        (ev is None or ev < config.min_explained_variance) and (corr is None or abs(corr) < config.min_corr))
+    if config.scope != "assistant":
+        return {"verdict": "not_assessed",
+                "text": (f"With --scope {config.scope} the groups include user/tool/template segments, so the "
+                         "numbers describe the whole sequence, not the policy's turns; the recommendation on credit "
+                         "granularity is made with --scope assistant."), "thresholds": th}
+    if ev is None and corr is None:
+        return {"verdict": "quality_unmeasured",
+                "text": (f"The critic's quality could not be measured (no rewards, rewards all equal, or fewer than "
+                         f"2 audited trajectories with rewards), so the structure of its values (median eta2 "
+                         f"{eta:.3f}) is reported without a recommendation."), "thresholds": th}
+    weak = ((ev is None or ev < config.min_explained_variance) and (corr is None or abs(corr) < config.min_corr))
     if weak:
         ev_s = "n/a" if ev is None else f"{ev:.3f}"
         corr_s = "n/a" if corr is None else f"{corr:.3f}"

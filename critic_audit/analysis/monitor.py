@@ -445,30 +445,6 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
     return MonitorResult(turn_scores=scores, flagged=flagged, per_trajectory=per, summary=summary)
 
 
-def load_audit_folder(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Read an output folder of ``critic-audit analyze`` (``tokens.parquet``, ``trajectories.parquet``).
-
-    Returns:
-        ``(trajectories, tokens)`` as :func:`critic_audit.workflow.read_tables` returns them.
-
-    Raises:
-        InputError: the folder is missing, is not a folder, or has no ``tokens.parquet``; a table
-            cannot be read. SchemaError: a table breaks its schema.
-    """
-    from critic_audit.workflow import read_tables
-
-    p = Path(path)
-    if not p.exists():
-        raise InputError("no such folder", path=p, fix="pass the --out folder of critic-audit analyze")
-    if not p.is_dir():
-        raise InputError("not a folder", path=p, fix="pass the --out folder of critic-audit analyze")
-    if not (p / "tokens.parquet").exists():
-        raise InputError("no tokens.parquet in the folder", path=p,
-                         fix="pass the --out folder of critic-audit analyze")
-    trajectories, tokens, _ = read_tables(p)
-    return trajectories, tokens
-
-
 def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> Path:
     """Write ``df`` to ``path`` as Parquet through a temporary sibling and ``os.replace``: a reader
     never sees a partial file and an interrupted write leaves the previous file intact.

@@ -382,7 +382,7 @@ def _prepare_out(out_dir: Path, overwrite: bool) -> None:
             raise ConfigError("output path exists and is not a folder", path=out_dir)
         if any(out_dir.iterdir()) and not overwrite:
             raise ConfigError(
-                "output folder exists and is not empty", path=out_dir, fix="choose another folder or pass overwrite=True"
+                "output folder exists and is not empty", path=out_dir, fix="choose another folder or pass --overwrite"
             )
 
 

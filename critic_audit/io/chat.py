@@ -61,8 +61,7 @@ DIR_SUFFIXES = (".json", ".jsonl", ".ndjson")
 _TEXT_PART_TYPES = ("text", "input_text", "output_text")
 
 _NO_REWARD_FIX = (
-    "add a numeric reward field to every record, name it with --reward-key (ChatReadOptions.reward_key), "
-    "or pass --no-reward (ChatReadOptions.require_reward=False)"
+    "add a numeric reward field to every record, name it with --reward-key, or pass --no-reward"
 )
 
 
@@ -404,7 +403,7 @@ def _conversation(
             wanted = repr(opts.messages_key) if opts.messages_key else f"any of {list(MESSAGES_KEYS)}"
             raise ctx.error(
                 f"no messages list: record has no field {wanted}; keys seen: {_keys_seen(record)}",
-                fix="name the messages field with --messages-key (ChatReadOptions.messages_key)",
+                fix="name the messages field with --messages-key",
             )
         raw_messages = record[m_key]
     else:
