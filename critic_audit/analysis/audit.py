@@ -1,6 +1,6 @@
 """The critic-structure audit over canonical tables: per-trajectory statistics, headline, breakdowns.
 
-Definitions: ``shared/spec/AUDIT.md`` (eta-squared and the other one-way ANOVA statistics per
+Definitions: docs/audit.md (eta-squared and the other one-way ANOVA statistics per
 trajectory, exclusions, critic quality); the measurement it reproduces is the MPO paper's
 (arXiv:2610.35013: median eta2 0.895, 93.8% of trajectories with SS_B > SS_W).
 """

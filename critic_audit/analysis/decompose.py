@@ -1,6 +1,6 @@
 """Between-turn / within-turn decomposition of critic values, per trajectory (single-pass kernel).
 
-Definitions: ``shared/spec/AUDIT.md``; the measurement comes from the MPO paper (arXiv:2610.35013),
+Definitions: docs/audit.md; the measurement comes from the MPO paper (arXiv:2610.35013),
 the statistics are the one-way ANOVA decomposition with turns as groups (eta-squared, omega-squared,
 F, ICC(1)).
 

@@ -1,6 +1,6 @@
 """Inference-time signal: does a sharp change of the turn-level value predict failure?
 
-Definition: ``shared/spec/AUDIT.md``, section "Inference-time signal". A practitioner proposal: use the
+Definition: docs/audit.md, section "Inference-time signal". A practitioner proposal: use the
 turn-level value as a cheap anomaly signal at inference; when one turn's value departs sharply from the
 previous turns, retry or hand the episode to a person. This module scores every turn and measures how
 well the score separates failed from successful trajectories (AUROC), so a team can decide whether the

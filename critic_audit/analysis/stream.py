@@ -1,7 +1,7 @@
 """Streaming decomposition of a tokens table stored as Parquet, for tables larger than memory.
 
 Same statistics as :func:`critic_audit.analysis.decompose.decompose` (definitions:
-``shared/spec/AUDIT.md``; the measurement is the MPO paper's, arXiv:2610.35013), read in row batches.
+docs/audit.md; the measurement is the MPO paper's, arXiv:2610.35013), read in row batches.
 The tokens table (``docs/tables.md``) is stored sorted by ``(trajectory_id, position)``, so every
 trajectory is one run of rows: each batch's complete trajectories are decomposed at once, and the
 rows of the trajectory still open at the batch edge are carried over to the next batch (a trajectory
