@@ -310,6 +310,8 @@ def fit_critic(
         _fail(e)
         return
     out.print(json.dumps(info, indent=2, default=str))
+    err.print("note: explained_variance is measured on the fit data (in-sample) and overstates a small fit; "
+              "run `critic-audit analyze` on held-out rollouts for an honest figure.", soft_wrap=True)
 
 
 @app.command("build-critic")
