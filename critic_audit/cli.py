@@ -352,7 +352,8 @@ def monitor(
 ) -> None:
     """Score each turn by the robust z of its change in critic value and measure how well it predicts failure."""
     try:
-        from critic_audit.analysis.monitor import MonitorConfig, write_parquet_atomic
+        from critic_audit.analysis.monitor import MonitorConfig
+        from critic_audit.io.common import write_parquet_atomic
         from critic_audit.workflow import load_audit_folder
         from critic_audit.analysis.monitor import monitor as run_monitor
 

@@ -36,9 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -443,26 +440,3 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
         "config": dataclasses.asdict(config),
     }
     return MonitorResult(turn_scores=scores, flagged=flagged, per_trajectory=per, summary=summary)
-
-
-def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> Path:
-    """Write ``df`` to ``path`` as Parquet through a temporary sibling and ``os.replace``: a reader
-    never sees a partial file and an interrupted write leaves the previous file intact.
-
-    Raises:
-        InputError: the parent folder cannot be created or written.
-    """
-    p = Path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-", dir=p.parent)
-    except OSError as e:
-        raise InputError(f"cannot write ({e.strerror or e})", path=p, fix="choose a writable --out path") from None
-    os.close(fd)
-    try:
-        df.write_parquet(tmp)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p

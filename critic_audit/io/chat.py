@@ -60,10 +60,6 @@ DIR_SUFFIXES = (".json", ".jsonl", ".ndjson")
 #: Content-part types whose ``text`` is kept (other parts, e.g. images, are dropped).
 _TEXT_PART_TYPES = ("text", "input_text", "output_text")
 
-_NO_REWARD_FIX = (
-    "add a numeric reward field to every record, name it with --reward-key, or pass --no-reward"
-)
-
 
 @dataclass(frozen=True)
 class ChatReadOptions:
@@ -421,46 +417,13 @@ def _conversation(
         )
     messages = [_message(m, i, ctx) for i, m in enumerate(raw_messages)]
 
-    r_key = _pick(record, opts.reward_key, REWARD_KEYS)
-    reward: float | None = None
-    raw_reward: Any = None
-    if r_key is not None:
-        used.add(r_key)
-        raw_reward = record[r_key]
-        if raw_reward is not None:
-            reward = _reward(raw_reward, r_key, ctx)
-    if reward is None and opts.require_reward:
-        if r_key is None:
-            wanted = repr(opts.reward_key) if opts.reward_key else f"any of {list(REWARD_KEYS)}"
-            problem = f"missing reward: no field {wanted}"
-        else:
-            problem = f"missing reward: {r_key!r} is null"
-        raise ctx.error(problem, fix=_NO_REWARD_FIX)
+    from critic_audit.io.common import InputOptions, record_fields
 
-    s_key = _pick(record, opts.success_key, SUCCESS_KEYS)
-    success: bool | None = None
-    if s_key is not None:
-        used.add(s_key)
-        success = _success(record[s_key], s_key, ctx)
-    if success is None:
-        if isinstance(raw_reward, bool):
-            success = raw_reward
-        elif reward is not None:
-            success = reward >= opts.success_threshold
-
-    g_key = _pick(record, opts.group_key, GROUP_KEYS)
-    group = None
-    if g_key is not None:
-        used.add(g_key)
-        group = _label_value(record[g_key], "group", g_key, ctx)
-
-    c_key = _pick(record, opts.checkpoint_key, CHECKPOINT_KEYS)
-    checkpoint = None
-    if c_key is not None:
-        used.add(c_key)
-        checkpoint = _label_value(record[c_key], "checkpoint", c_key, ctx)
-    if opts.checkpoint is not None:
-        checkpoint = opts.checkpoint
+    # reward, success (reward >= opts.success_threshold without a success field), group, checkpoint
+    fields = record_fields(record, ctx, opts, InputOptions(success_threshold=opts.success_threshold),
+                           default_id=tid)
+    used |= fields.used
+    reward, success, group, checkpoint = fields.reward, fields.success, fields.group_id, fields.checkpoint
 
     metadata = {str(k): v for k, v in record.items() if k not in used}
     return Conversation(

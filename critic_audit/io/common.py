@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -359,3 +361,26 @@ class IdRegistry:
             raise error(ctx, "duplicate_id", f"duplicate trajectory id {tid!r} (also {prev})",
                         "make the ids unique, name another id field with --id-key, or read the files one at a time")
         self.seen[tid] = where
+
+
+def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> Path:
+    """Write ``df`` to ``path`` as Parquet through a temporary sibling and ``os.replace``: a reader
+    never sees a partial file and an interrupted write leaves the previous file intact.
+
+    Raises:
+        InputError: the parent folder cannot be created or written.
+    """
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-", dir=p.parent)
+    except OSError as e:
+        raise InputError(f"cannot write ({e.strerror or e})", path=p, fix="choose a writable --out path") from None
+    os.close(fd)
+    try:
+        df.write_parquet(tmp)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p

@@ -31,15 +31,13 @@ steps whose tokens file exists, so a reader never sees half a pair. ``old_log_pr
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from critic_audit.io.common import success_of
+from critic_audit.io.common import success_of, write_parquet_atomic
 from critic_audit.io.tokenized import TokenSequence, sequences_to_tables
 
 __all__ = ["dump_verl_batch", "step_files"]
@@ -134,13 +132,6 @@ def dump_verl_batch(batch_or_dict: Any, out_dir: str | Path, *, step: int, sourc
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     traj_path, tok_path = step_files(out, step)
-    for df, path in ((trajs, traj_path), (tokens, tok_path)):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=out)
-        os.close(fd)
-        try:
-            df.write_parquet(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    for df, path in ((trajs, traj_path), (tokens, tok_path)):  # tokens last: a reader sees complete pairs
+        write_parquet_atomic(df, path)
     return traj_path, tok_path
