@@ -111,8 +111,8 @@ class _Bar:
 def _fmt_ci(d: dict | None) -> str:
     if not d or d.get("estimate") is None:
         return "n/a"
-    lo, hi = d["ci95"]
-    return f"{d['estimate']:.3f}  [{lo:.3f}, {hi:.3f}]" if lo is not None else f"{d['estimate']:.3f}"
+    lo, hi = d.get("ci95") or (None, None)
+    return f"{d['estimate']:.3f}  [{lo:.3f}, {hi:.3f}]" if lo is not None else f"{d['estimate']:.3f}  (CI n/a)"
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -237,6 +237,8 @@ def analyze(
         _fail(e)
         return
     s = res.result.summary
+    for w in s.get("warnings") or []:
+        err.print(f"[yellow]warning:[/yellow] {_escape(w)}", soft_wrap=True)
     skipped = (s.get("input") or {}).get("skipped") or {}
     if skipped:
         err.print(f"skipped {sum(skipped.values())} bad record(s): "
@@ -445,6 +447,11 @@ def train(
     try:
         from critic_audit.train import Trainer, load_config
 
+        from critic_audit.errors import ConfigError
+
+        if resume and (set_ or algo or env or seed is not None or config is not None):
+            raise ConfigError("a resumed run keeps its saved configuration; only --steps may change",
+                              fix="drop --config/--set/--algo/--env/--seed, or start a new run in another --out")
         overrides = list(set_ or [])
         for key, value in (("algo.name", algo), ("env.name", env), ("steps", steps), ("seed", seed)):
             if value is not None:
@@ -463,7 +470,10 @@ def train(
             trainer = Trainer(cfg, out_dir, progress=bar, on_metrics=on_metrics, resume=resume, steps=steps)
             for note in trainer.notes:
                 err.print(f"note: {_escape(note)}")
+            start = trainer.step_count
             trainer.train()
+        if resume and trainer.step_count == start:
+            err.print(f"nothing to do: the run is already at step {start} (pass a larger --steps to extend it)")
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001

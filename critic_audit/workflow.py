@@ -282,6 +282,7 @@ def _audit_one(
     truncation = {"trajectories": 0, "turns": 0}
 
     carried: list[dict[str, Any]] = []
+    warnings: list[str] = []
     for p in table_inputs:
         tr, tk, pre = read_tables(p, read_options=read_options, input_options=input_options, report=report)
         pre_excluded.update(pre)
@@ -317,6 +318,14 @@ def _audit_one(
             progress=(lambda d, n: progress("tokenize", d, n)) if progress else None)
         truncation = {"trajectories": tok_res.truncated_trajectories, "turns": tok_res.truncated_turns}
         pre_excluded.update(tok_res.excluded)
+        unk = getattr(critic.tokenizer, "unk_token_id", None)
+        if unk is not None:
+            n_unk = sum(int((c.input_ids[c.response_mask] == unk).sum()) for c in tok_res.conversations)
+            n_pol = sum(int(c.response_mask.sum()) for c in tok_res.conversations)
+            if n_unk:
+                warnings.append(f"{n_unk} of {n_pol} policy tokens are the critic tokenizer's unknown token: it cannot "
+                                "represent this text, so the values are not those of the original token ids "
+                                "(audit the saved tokens table instead, or use a critic with a byte-level tokenizer)")
         trajs_parts.append(conversations_to_trajectories(convs or []))
         token_parts.append(token_table(tok_res.conversations))
 
@@ -337,6 +346,7 @@ def _audit_one(
         inference = {"values_from": [c.get("inputs") for c in carried],
                      "critic": [(c.get("inference") or {}).get("critic") for c in carried]}
     result.summary["inference"] = inference or None
+    result.summary["warnings"] = warnings
     result.summary["inputs"] = [str(p) for p in inputs]
     result.summary["critic_audit_version"] = __version__
     return result, tokens, (critic.max_length if critic else None)

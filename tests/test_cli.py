@@ -304,3 +304,22 @@ def test_group_by_checked_before_scoring(rollouts, critic_dir, tmp_path):
     ok = _run("analyze", rollouts, "--critic", critic_dir, "--out", tmp_path / "g", "--group-by", "group_id",
               "--json", "--no-plots", "--bootstrap", 20)
     assert ok.exit_code == 0, ok.output
+
+
+def test_table_output_with_a_one_trajectory_group(critic_dir, tmp_path):
+    # one success among three: its group has no interval, printed as n/a (no crash)
+    recs = [conv(0, 2, 1.0), conv(1, 3, 0.0), conv(2, 2, 0.0)]
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(recs))
+    res = _run("analyze", p, "--critic", critic_dir, "--out", tmp_path / "o", "--no-plots", "--bootstrap", 20)
+    assert res.exit_code == 0, res.output
+    assert "(CI n/a)" in res.stdout
+
+
+def test_cuda_on_a_cpu_build_is_a_clean_error(rollouts, critic_dir, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", tmp_path / "o", "--device", "cuda")
+    _assert_one_line_error(res, "CUDA is not available", "--device cpu", out_dir=tmp_path / "o")

@@ -60,3 +60,30 @@ def test_cli_train_bad_values_one_line(tmp_path):
         assert res.exit_code == 1, (args, res.output)
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], (args, res.output)
+
+
+def test_cli_resume_guards(tmp_path):
+    torch.set_num_threads(1)
+    runner = CliRunner()
+    # nothing to resume: a clean error, no run started
+    res = runner.invoke(app, ["train", "--out", str(tmp_path / "empty"), "--resume", "--quiet"])
+    assert res.exit_code == 1 and "no run to resume" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "empty" / "metrics.jsonl").exists()
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TOML)
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", "--config", str(cfg), "--out", str(run), "--quiet"]).exit_code == 0
+    # a resumed run keeps its configuration: changing it is refused, not silently ignored
+    res = runner.invoke(app, ["train", "--out", str(run), "--resume", "--set", "optim.lr=1e-2", "--quiet"])
+    assert res.exit_code == 1 and "only --steps may change" in res.output
+    # already at the requested step: says so
+    res = runner.invoke(app, ["train", "--out", str(run), "--resume", "--steps", "2", "--quiet"])
+    assert res.exit_code == 0 and "nothing to do" in res.output
+    # a run whose checkpoints vanished is not restarted over its metrics
+    import shutil
+
+    shutil.rmtree(run / "checkpoints")
+    res = runner.invoke(app, ["train", "--out", str(run), "--resume", "--steps", "3", "--quiet"])
+    assert res.exit_code == 1 and "no checkpoint to resume" in res.output
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]

@@ -151,3 +151,35 @@ def test_smollm2_tokenizer_on_tau_bench_counts():
     for c in res.conversations[:5]:
         text = tok.decode(c.input_ids[c.response_mask])
         assert text.count("<|im_end|>") == c.num_turns
+
+
+def test_unknown_tokens_warned(tmp_path):
+    """A critic whose tokenizer cannot represent the text says so in the summary."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForTokenClassification, PreTrainedTokenizerFast
+    from typer.testing import CliRunner
+
+    from critic_audit.cli import app
+
+    vocab = {"<unk>": 0, "<pad>": 1, "<|im_start|>": 2, "<|im_end|>": 3, "user": 4, "assistant": 5, "hi": 6}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>")
+    fast.chat_template = ("{% for m in messages %}{{ '<|im_start|> ' + m['role'] + ' ' + m['content'] + ' <|im_end|> ' }}"
+                          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|> assistant ' }}{% endif %}")
+    model = LlamaForTokenClassification(LlamaConfig(vocab_size=7, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                    num_attention_heads=2, num_key_value_heads=1, num_labels=1,
+                                                    max_position_embeddings=64, pad_token_id=1))
+    model.save_pretrained(tmp_path / "c")
+    fast.save_pretrained(tmp_path / "c")
+    recs = [{"id": f"r{i}", "reward": float(i % 2), "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi zebra"},
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi"}]} for i in range(3)]
+    (tmp_path / "r.json").write_text(json.dumps(recs))
+    res = CliRunner().invoke(app, ["analyze", str(tmp_path / "r.json"), "--critic", str(tmp_path / "c"),
+                                   "--out", str(tmp_path / "o"), "--json", "--no-plots", "--bootstrap", "10"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert len(s["warnings"]) == 1 and s["warnings"][0].startswith("3 of 15 policy tokens")

@@ -101,9 +101,13 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ConfigError(f"invalid device {device!r}", fix="use auto, cpu, cuda or cuda:N") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: CUDA is not available (this torch is {torch.__version__})",
+                          fix="use --device cpu (or auto), or install a CUDA build of torch on a GPU machine")
+    return dev
 
 
 def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None = None) -> torch.dtype:

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from critic_audit.critic.load import resolve_device
 from critic_audit.errors import CheckpointError, ConfigError
 from critic_audit.rl import (
     RolloutBatch,
@@ -76,15 +77,6 @@ STATE_FILE = "trainer_state.pt"
 def env_seed(seed: int, step: int, prompt: int) -> int:
     """The environment seed of prompt ``prompt`` at training step ``step`` (deterministic)."""
     return (seed * 1_000_003 + step * 10_007 + prompt) % (2**31 - 1)
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(name)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"device = {name!r}", fix="use auto, cpu, cuda or cuda:N") from None
 
 
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -137,16 +129,25 @@ class Trainer:
         latest = self.run_dir / "checkpoints" / "latest"
         self.resumed_from: str | None = None
         self.notes: list[str] = []
-        if resume and latest.is_file():
+        if resume and not latest.is_file():
+            what = "no checkpoint" if (self.run_dir / METRICS_FILE).exists() else "no run"
+            raise ConfigError(f"--resume: {what} to resume in this folder (checkpoints/latest is missing)",
+                              path=self.run_dir, fix="drop --resume to start a new run in a new --out folder")
+        if resume:
             # a resumed run keeps its saved configuration; only the number of steps may change
-            config = config_from_dict(json.loads((self.run_dir / CONFIG_FILE).read_text()))
+            cfg_path = self.run_dir / CONFIG_FILE
+            try:
+                config = config_from_dict(json.loads(cfg_path.read_text()))
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"cannot read the run's saved config ({str(e).splitlines()[0]})", path=cfg_path,
+                                  fix="restore config.json of this run, or start a new run in another --out") from None
         elif (self.run_dir / METRICS_FILE).exists() and not resume:
             raise ConfigError("the run folder already holds a run", path=self.run_dir,
                               fix="pass --resume to continue it, or choose another --out")
         if steps is not None:
             config = replace(config, steps=steps)
         self.config = config
-        self.device = _resolve_device(config.device)
+        self.device = resolve_device(config.device)
         self.dtype = _resolve_dtype(config.dtype, self.device)
         self.env_cls = resolve_environment(config.env.name)
         kwargs = dict(config.env.kwargs)
