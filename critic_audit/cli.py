@@ -237,6 +237,10 @@ def analyze(
         _fail(e)
         return
     s = res.result.summary
+    cache = (s.get("inference") or {}).get("scoring_cache") or {}
+    if cache.get("resumed_chunks"):
+        err.print(f"resumed critic scoring: {cache['resumed_chunks']} of {cache.get('n_chunks')} chunks came from the "
+                  "cache of an interrupted run")
     for w in s.get("warnings") or []:
         err.print(f"[yellow]warning:[/yellow] {_escape(w)}", soft_wrap=True)
     skipped = (s.get("input") or {}).get("skipped") or {}
@@ -434,7 +438,7 @@ def plot(
 @app.command()
 def train(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run folder (config, metrics.jsonl, rollouts/, checkpoints/).")],
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML or YAML config file (docs/train.md).")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML, YAML or JSON config file (docs/train.md).")] = None,
     algo: Annotated[Optional[str], typer.Option(help="mpo, grpo, dr_grpo, dapo, gspo, ppo, vc_ppo, vapo or sao (sets algo.name).")] = None,
     env: Annotated[Optional[str], typer.Option(help="credit, hotpotqa or module:Class (sets env.name).")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps (sets steps).")] = None,

@@ -408,6 +408,7 @@ def analyze(
     t0 = time.perf_counter()
     if not inputs:
         raise ConfigError("no input given", fix="pass one or more rollout files or folders")
+    inputs = expand_table_folders(inputs)
     out_dir = check_output_folder(Path(out_dir), inputs, overwrite=overwrite)
     for p in inputs:
         _refuse_multi_critic_folder(p)
@@ -498,6 +499,21 @@ def analyze(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return AnalyzeOutcome(AuditResult(per_all, summary), first_tokens, out_dir)
+
+
+def expand_table_folders(inputs: Sequence[str | Path]) -> list[str | Path]:
+    """Replace a folder that holds canonical-table folders (e.g. a training run's ``rollouts/`` with
+    one ``step_N/`` per step) by those folders, in name order; other inputs pass through."""
+    out: list[str | Path] = []
+    for p in inputs:
+        q = Path(p)
+        if q.is_dir() and not (q / "tokens.parquet").exists() and not (q / "summary.json").exists():
+            subs = sorted(d for d in q.iterdir() if d.is_dir() and (d / "tokens.parquet").exists())
+            if subs and not any(f.is_file() and f.suffix in (".json", ".jsonl", ".parquet") for f in q.iterdir()):
+                out.extend(subs)
+                continue
+        out.append(p)
+    return out
 
 
 def _prior_summary(path: str | Path) -> dict[str, Any] | None:

@@ -51,7 +51,8 @@ ALGORITHMS = ("mpo", "grpo", "dr_grpo", "dapo", "gspo", "ppo", "vc_ppo", "vapo",
 def _positive(section: str, name: str, value: float, *, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{section}.{name} = {value!r} must be {bound}", fix=f"set {section}.{name} {bound}")
+        key = name if section == "top level" else f"{section}.{name}"
+        raise ConfigError(f"{key} = {value!r} must be {bound}", fix=f"set {key} {bound}")
 
 
 @dataclass(frozen=True)
