@@ -125,19 +125,16 @@ def _num(x: Any) -> Any:
 
 
 def _natural_key(v: Any) -> tuple:
-    """Sort numbers numerically and strings by their leading number (turn buckets "1-2" < "11-20")."""
+    """Natural order: numbers numerically, and strings by their text and number runs
+    ("step_2" < "step_10"; turn buckets "1-2" < "3" < "11-20" < ">20"); nulls last."""
+    import re
+
     if v is None:
-        return (2, 0.0, "")
+        return (2,)
     if isinstance(v, (int, float, bool)):
-        return (0, float(v), "")
-    text = str(v)
-    digits = ""
-    for ch in text.lstrip(">"):
-        if ch.isdigit() or (ch == "." and digits):
-            digits += ch
-        else:
-            break
-    return (0, float(digits) + (0.5 if text.startswith(">") else 0.0), text) if digits else (1, 0.0, text)
+        return (0, ((0, float(v), ""),))
+    parts = re.split(r"(\d+(?:\.\d+)?)", str(v))
+    return (1, tuple((0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts)))
 
 
 def breakdown(per_trajectory: pl.DataFrame, by: str, config: AuditConfig = AuditConfig()) -> dict[str, Any]:
