@@ -519,3 +519,27 @@ def test_mixed_folder(tmp_path):
     write_jsonl(d / "c_dup.jsonl", [dict(nemo_record(0, 1.0), id="t0")])
     with pytest.raises(InputError, match="duplicate trajectory id 't0'"):
         read_inputs([d])
+
+
+def test_tokenized_values_nan_and_missing_policy_value(tmp_path):
+    import json as _json
+
+    from critic_audit.errors import InputError as _IE
+    from critic_audit.io.common import InputOptions as _IO
+    from critic_audit.io.tokenized import read_tokenized
+
+    row = {"id": "a", "reward": 1.0, "input_ids": [1, 2, 3, 4], "response_mask": [0, 1, 1, 0],
+           "values": [None, 0.1, 0.2, None]}
+    bad_nan = dict(row, id="b")
+    p = tmp_path / "t.jsonl"
+    p.write_text(_json.dumps(row) + "\n" + _json.dumps(bad_nan).replace("0.2", "NaN") + "\n")
+    with pytest.raises(_IE, match=r"record 1.*values\[2\].*not a finite number"):
+        read_tokenized(p)
+    p.write_text(_json.dumps(row) + "\n" + _json.dumps(dict(row, id="c", values=[None, None, 0.2, None])) + "\n")
+    with pytest.raises(_IE, match=r"values\[1\] is null at a policy token"):
+        read_tokenized(p)
+    from critic_audit.io.common import ReadReport as _RR
+
+    rep = _RR()
+    trajs, tokens = read_tokenized(p, input_options=_IO(lenient=True), report=rep)
+    assert trajs.height == 1 and dict(rep.skipped) == {"missing_value": 1}

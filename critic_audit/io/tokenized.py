@@ -120,7 +120,7 @@ def _float_list(v: Any, name: str, ctx: _Ctx) -> np.ndarray:
     for i, x in enumerate(v):
         if x is None:
             out[i] = np.nan
-        elif isinstance(x, (int, float)) and not isinstance(x, bool) and not (isinstance(x, float) and math.isinf(x)):
+        elif isinstance(x, (int, float)) and not isinstance(x, bool) and not (isinstance(x, float) and not math.isfinite(x)):
             out[i] = float(x)
         else:
             raise error(ctx, "bad_values", f"{name}[{i}] = {_short(x, 30)} is not a finite number",
@@ -183,6 +183,11 @@ def _sequence_row(rec: Mapping[str, Any], ctx: _Ctx, opts: ChatReadOptions, iopt
     if rec.get("values") is not None:
         values = _float_list(rec["values"], "values", ctx)
         _same_len(values, n, "values", ctx)
+        missing = np.flatnonzero(mask.astype(bool) & keep & np.isnan(values))
+        if missing.size:
+            raise error(ctx, "missing_value", f"values[{int(missing[0])}] is null at a policy token "
+                        f"({missing.size} such token(s))",
+                        "give every response_mask = 1 token a value, or drop the values field to score with --critic")
         values = values[keep]
     if rec.get("old_log_probs") is not None:
         _same_len(_float_list(rec["old_log_probs"], "old_log_probs", ctx), n, "old_log_probs", ctx)
