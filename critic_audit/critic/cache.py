@@ -178,8 +178,9 @@ def score_values_cached(
             resumed += 1
         else:
             st: dict = {}
+            inner = (lambda d, _n, _base=done: progress(_base + d, total)) if progress else None
             vals = score_values(critic, [seqs[i] for i in idx], token_budget=token_budget, stats=st,
-                                attention_mask=attention_mask)
+                                attention_mask=attention_mask, progress=inner)
             if st.get("n_batches") != len(batches):  # the chunk must reproduce the global plan
                 raise RuntimeError(f"chunk {k} planned {st.get('n_batches')} batches instead of {len(batches)}")
             _save_chunk(path, idx, vals)
