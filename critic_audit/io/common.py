@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from critic_audit.errors import ConfigError, InputError
-from critic_audit.io.chat import JSONL_SUFFIXES, _Ctx, _decode_problem, _first_line, _keys_seen, _short, _type_name
+from critic_audit.io.chat import JSONL_SUFFIXES, _Ctx, _read_text, _decode_problem, _first_line, _keys_seen, _short, _type_name
 
 __all__ = ["InputOptions", "ReadReport", "FORMATS", "success_of", "iter_json_records", "reason_of"]
 
@@ -130,16 +130,8 @@ def success_of(reward: float, threshold: float | None) -> bool:
 
 
 def read_text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise InputError(f"cannot read the file ({e.strerror or e})", path=path,
-                         fix="check the path and its permissions") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise InputError(f"not UTF-8 text (bad byte at offset {e.start})", path=path,
-                         fix="write the file as UTF-8") from None
+    """The file as UTF-8 text (one InputError line for an unreadable or non-UTF-8 file)."""
+    return _read_text(path)
 
 
 def iter_jsonl(path: Path, lenient: bool = False, report: ReadReport | None = None) -> Iterator[tuple[Any, _Ctx]]:
