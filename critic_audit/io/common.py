@@ -14,9 +14,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from critic_audit.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    import polars as pl
 from critic_audit.io.chat import JSONL_SUFFIXES, _Ctx, _read_text, _decode_problem, _first_line, _keys_seen, _short, _type_name
 
 __all__ = ["InputOptions", "ReadReport", "FORMATS", "success_of", "iter_json_records", "reason_of"]

@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 
 from critic_audit.errors import InputError
-from critic_audit.io.chat import DIR_SUFFIXES, JSONL_SUFFIXES, MESSAGES_KEYS, ChatReadOptions, _Ctx, _pick
+from critic_audit.io.chat import DIR_SUFFIXES, JSONL_SUFFIXES, MESSAGES_KEYS, ChatReadOptions, _Ctx
 from critic_audit.io.common import FORMATS, InputOptions, ReadReport, guarded, iter_jsonl, load_json, _JSONL
 from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, validate
 

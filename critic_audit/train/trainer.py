@@ -48,7 +48,6 @@ from critic_audit.errors import CheckpointError, ConfigError
 from critic_audit.rl import (
     RolloutBatch,
     ValueLossConfig,
-    agg_loss,
     compute_advantages,
     dynamic_sampling_filter,
     explained_variance,
