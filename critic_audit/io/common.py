@@ -161,18 +161,13 @@ def iter_jsonl(path: Path, lenient: bool = False, report: ReadReport | None = No
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                err = InputError(_decode_problem(e, line_no), path=path, record=f"{index} (line {line_no})",
-                                 fix="make every line one complete JSON record (JSONL), or repair the JSON")
-                err.reason = "malformed_json"  # type: ignore[attr-defined]
-                if not lenient:
-                    raise err from None
-                (report or ReadReport()).skip(err)
-                index += 1
-                continue
-            except (ValueError, RecursionError) as e:
-                err = InputError(f"unreadable JSON at line {line_no} ({_first_line(e)})", path=path,
-                                 record=f"{index} (line {line_no})", fix="simplify the record")
+            except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+                if isinstance(e, json.JSONDecodeError):
+                    problem = _decode_problem(e, line_no)
+                    fix = "make every line one complete JSON record (JSONL), or repair the JSON"
+                else:
+                    problem, fix = f"unreadable JSON at line {line_no} ({_first_line(e)})", "simplify the record"
+                err = InputError(problem, path=path, record=f"{index} (line {line_no})", fix=fix)
                 err.reason = "malformed_json"  # type: ignore[attr-defined]
                 if not lenient:
                     raise err from None

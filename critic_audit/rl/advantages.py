@@ -206,6 +206,14 @@ class DecoupledGAEConfig:
             _check_unit(name, getattr(self, name))
 
 
+def _check_length_adaptive(cfg: Any) -> None:
+    """Checks shared by the length-adaptive configs (VAPO, SAO)."""
+    _check_unit("gamma", cfg.gamma)
+    _check_unit("lam_critic", cfg.lam_critic)
+    if cfg.alpha <= 0:
+        raise ConfigError(f"alpha = {cfg.alpha} must be > 0")
+
+
 @dataclass(frozen=True)
 class VAPOConfig:
     """VAPO's length-adaptive GAE (arXiv:2504.05118): lam_policy = 1 - 1 / (alpha * l)."""
@@ -222,10 +230,7 @@ class VAPOConfig:
     """[ours: on] Masked whitening of the advantages over the batch."""
 
     def __post_init__(self) -> None:
-        _check_unit("gamma", self.gamma)
-        _check_unit("lam_critic", self.lam_critic)
-        if self.alpha <= 0:
-            raise ConfigError(f"alpha = {self.alpha} must be > 0")
+        _check_length_adaptive(self)
 
 
 @dataclass(frozen=True)
@@ -246,10 +251,7 @@ class SAOConfig:
     """[ours: on] Masked whitening of the advantages over the batch."""
 
     def __post_init__(self) -> None:
-        _check_unit("gamma", self.gamma)
-        _check_unit("lam_critic", self.lam_critic)
-        if self.alpha <= 0:
-            raise ConfigError(f"alpha = {self.alpha} must be > 0")
+        _check_length_adaptive(self)
 
 
 @dataclass(frozen=True)
