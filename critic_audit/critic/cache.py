@@ -13,6 +13,10 @@ identical to an uninterrupted run:
   size and mtime of every weight file, head hash, dtype, device type), the token budget and chunk
   size, and a hash of the token ids of every sequence. A cache whose manifest differs is discarded.
 
+The pieces are shared with the distributed scorer (:mod:`critic_audit.critic.distributed`): a
+:class:`ChunkCache` (the plan, the manifest and the chunk files), :func:`score_chunk` (one chunk, checked
+against the plan) and :class:`ChunkResults` (values and statistics assembled as chunks land).
+
 ``CRITIC_AUDIT_SCORING_CHUNK_DELAY`` (seconds) sleeps after each written chunk: a deterministic way for
 tests to kill a run mid-way.
 """
@@ -28,6 +32,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,27 +91,173 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
             tmp.unlink()
 
 
-def _save_chunk(path: Path, idx: list[int], values: list[np.ndarray]) -> None:
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            np.savez(f, indices=np.asarray(idx, dtype=np.int64),
-                     lengths=np.asarray([len(v) for v in values], dtype=np.int64),
-                     values=np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32))
-            f.flush()
-            os.fsync(f.fileno())
+@dataclass
+class ChunkCache:
+    """The chunk plan of a set of sequences and the folder its chunks are written to.
 
-    _write_atomic(path, write)
+    Attributes:
+        root: the cache root (shared by several critics and sets of sequences).
+        folder: ``root/<critic name>-<key>``, ``key`` a hash of :attr:`manifest`.
+        chunks: per chunk, its batches (lists of sequence indices), as :func:`plan_chunks` makes them.
+        lengths: the length of every sequence (tokens).
+        manifest: what the chunks belong to (critic fingerprint, options, sequence hashes).
+    """
+
+    root: Path
+    folder: Path
+    chunks: list[list[list[int]]]
+    lengths: list[int]
+    manifest: dict
+
+    @classmethod
+    def open(cls, cache_root: str | Path, name: str, fingerprint: dict, sequences: Sequence[np.ndarray], *,
+             token_budget: int, chunk_tokens: int, attention_mask: bool) -> ChunkCache:
+        """Plan the chunks of ``sequences`` (validated token ids) and open their folder under
+        ``cache_root``: an existing folder whose manifest differs is discarded, stray temporary files
+        are removed, and the manifest is written when missing."""
+        lengths = [len(s) for s in sequences]
+        chunks = plan_chunks([max(n - 1, 0) for n in lengths], token_budget, chunk_tokens)
+        manifest = {
+            "version": CACHE_VERSION,
+            "critic": fingerprint,
+            "token_budget": int(token_budget),
+            "chunk_tokens": int(chunk_tokens),
+            "attention_mask": bool(attention_mask),
+            "n_sequences": len(sequences),
+            "sequences": sequence_hashes(sequences),
+            "n_chunks": len(chunks),
+        }
+        key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+        root = Path(cache_root)
+        folder = root / f"{name or 'critic'}-{key}"
+        mfile = folder / "manifest.json"
+        if folder.exists():
+            try:
+                same = json.loads(mfile.read_text()) == manifest
+            except (OSError, json.JSONDecodeError):
+                same = False
+            if not same:
+                log.warning("discarding the scoring cache %s: it belongs to another critic or other sequences", folder)
+                shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for stray in folder.glob(".*.tmp"):
+            stray.unlink(missing_ok=True)
+        if not mfile.exists():
+            _write_atomic(mfile, lambda tmp: tmp.write_text(json.dumps(manifest, sort_keys=True)))
+        return cls(root=root, folder=folder, chunks=chunks, lengths=lengths, manifest=manifest)
+
+    def indices(self, k: int) -> list[int]:
+        """The sequence indices of chunk ``k``, batch after batch."""
+        return [i for b in self.chunks[k] for i in b]
+
+    def chunk_tokens(self, k: int) -> int:
+        """Scored positions of chunk ``k`` (``len - 1`` per sequence)."""
+        return sum(max(self.lengths[i] - 1, 0) for i in self.indices(k))
+
+    def path(self, k: int) -> Path:
+        return self.folder / f"chunk-{k:06d}.npz"
+
+    def load(self, k: int) -> list[np.ndarray] | None:
+        """Chunk ``k``'s values read back, or None when it is missing, truncated or does not match."""
+        path = self.path(k)
+        if not path.exists():
+            return None
+        idx = self.indices(k)
+        lengths = [self.lengths[i] for i in idx]
+        try:
+            with np.load(path) as z:
+                if z["indices"].tolist() != idx or z["lengths"].tolist() != lengths:
+                    return None
+                flat = z["values"]
+        except Exception:  # a truncated or foreign file: recompute the chunk
+            return None
+        return np.split(flat, np.cumsum(lengths)[:-1]) if lengths else []
+
+    def save(self, k: int, values: list[np.ndarray]) -> None:
+        """Write chunk ``k`` atomically (temporary file, fsync, rename); then sleep
+        ``CRITIC_AUDIT_SCORING_CHUNK_DELAY`` seconds when set (tests)."""
+        idx = self.indices(k)
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                np.savez(f, indices=np.asarray(idx, dtype=np.int64),
+                         lengths=np.asarray([len(v) for v in values], dtype=np.int64),
+                         values=np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32))
+                f.flush()
+                os.fsync(f.fileno())
+
+        _write_atomic(self.path(k), write)
+        delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        if delay > 0:
+            time.sleep(delay)
+
+    def remove(self) -> None:
+        """Remove the folder, and the root when it is left empty."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.root.rmdir()  # only when empty
 
 
-def _load_chunk(path: Path, idx: list[int], lengths: list[int]) -> list[np.ndarray] | None:
-    try:
-        with np.load(path) as z:
-            if z["indices"].tolist() != idx or z["lengths"].tolist() != lengths:
-                return None
-            flat = z["values"]
-    except Exception:  # a truncated or foreign file: recompute the chunk
-        return None
-    return np.split(flat, np.cumsum(lengths)[:-1]) if lengths else []
+def score_chunk(critic: Critic, sequences: Sequence[np.ndarray], n_batches: int, *, token_budget: int,
+                attention_mask: bool = False, progress: Progress | None = None) -> tuple[list[np.ndarray], dict]:
+    """:func:`score_values` on one chunk's sequences (in chunk order), checked to reproduce the
+    ``n_batches`` batches of the global plan. Returns ``(values, stats)``.
+
+    Raises:
+        RuntimeError: the chunk planned another number of batches (the values would differ).
+    """
+    st: dict = {}
+    vals = score_values(critic, sequences, token_budget=token_budget, stats=st, attention_mask=attention_mask,
+                        progress=progress)
+    if st.get("n_batches") != n_batches:  # the chunk must reproduce the global plan
+        raise RuntimeError(f"a chunk planned {st.get('n_batches')} batches instead of {n_batches}")
+    return vals, st
+
+
+class ChunkResults:
+    """Per-sequence values filled in as chunks land (read back from the cache or scored), with progress
+    and the statistics of :func:`score_values_cached`."""
+
+    SUMMED = ("n_batches", "real_tokens", "computed_tokens", "seconds")
+
+    def __init__(self, cache: ChunkCache, progress: Progress | None = None) -> None:
+        self.cache = cache
+        self.values = [np.full(n, np.nan, dtype=np.float32) for n in cache.lengths]
+        self.total = sum(max(n - 1, 0) for n in cache.lengths)
+        self.done = 0
+        self.resumed = 0
+        self.agg: dict[str, Any] = {"n_batches": 0, "batch_shapes": [], "real_tokens": 0, "computed_tokens": 0,
+                                    "seconds": 0.0}
+        self.progress = progress
+        if progress:
+            progress(0, self.total)
+
+    def add(self, k: int, values: list[np.ndarray], stats: dict | None) -> None:
+        """Chunk ``k``'s values; ``stats`` from :func:`score_chunk`, or None when read back from the cache."""
+        if stats is None:
+            self.resumed += 1
+        else:
+            for name in self.SUMMED:
+                self.agg[name] += stats[name]
+            self.agg["batch_shapes"] += stats["batch_shapes"]
+        for i, v in zip(self.cache.indices(k), values, strict=True):
+            self.values[i] = v
+        self.done += self.cache.chunk_tokens(k)
+        if self.progress:
+            self.progress(self.done, self.total)
+
+    def stats(self, seconds: float | None = None) -> dict:
+        """The keys of :func:`score_values` for the work done (``seconds``: the wall time, default the
+        summed scoring time) plus ``n_chunks``, ``resumed_chunks`` and ``cache_dir``."""
+        agg = dict(self.agg)
+        sec = agg["seconds"] if seconds is None else seconds
+        agg["seconds"] = sec
+        return dict(
+            n_sequences=len(self.values), **agg,
+            padding_efficiency=(agg["real_tokens"] / agg["computed_tokens"]) if agg["computed_tokens"] else 1.0,
+            tokens_per_s=(agg["real_tokens"] / sec) if sec > 0 else None,
+            n_chunks=len(self.cache.chunks), resumed_chunks=self.resumed, cache_dir=str(self.cache.folder),
+        )
 
 
 def score_values_cached(
@@ -129,81 +280,20 @@ def score_values_cached(
     keys of :func:`score_values` (for the work done in this call) plus ``n_chunks``,
     ``resumed_chunks`` (read back from the cache) and ``cache_dir``.
     """
-    vocab = _vocab_size(critic)
-    seqs = _validate(sequences, critic.max_length, vocab)
-    fed = [max(len(s) - 1, 0) for s in seqs]
-    chunks = plan_chunks(fed, token_budget, chunk_tokens)
-    manifest = {
-        "version": CACHE_VERSION,
-        "critic": critic_fingerprint(critic),
-        "token_budget": int(token_budget),
-        "chunk_tokens": int(chunk_tokens),
-        "attention_mask": bool(attention_mask),
-        "n_sequences": len(seqs),
-        "sequences": sequence_hashes(seqs),
-        "n_chunks": len(chunks),
-    }
-    key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
-    root = Path(cache_root)
-    folder = root / f"{Path(critic.path).name or 'critic'}-{key}"
-    mfile = folder / "manifest.json"
-    if folder.exists():
-        try:
-            same = json.loads(mfile.read_text()) == manifest
-        except (OSError, json.JSONDecodeError):
-            same = False
-        if not same:
-            log.warning("discarding the scoring cache %s: it belongs to another critic or other sequences", folder)
-            shutil.rmtree(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for stray in folder.glob(".*.tmp"):
-        stray.unlink(missing_ok=True)
-    if not mfile.exists():
-        _write_atomic(mfile, lambda tmp: tmp.write_text(json.dumps(manifest, sort_keys=True)))
-
-    results = [np.full(len(s), np.nan, dtype=np.float32) for s in seqs]
-    total = sum(fed)
-    done = 0
-    resumed = 0
-    agg: dict[str, Any] = {"n_batches": 0, "batch_shapes": [], "real_tokens": 0, "computed_tokens": 0, "seconds": 0.0}
-    delay = float(os.environ.get(DELAY_ENV, "0") or 0)
-    if progress:
-        progress(0, total)
-    for k, batches in enumerate(chunks):
-        idx = [i for b in batches for i in b]
-        lengths = [len(seqs[i]) for i in idx]
-        path = folder / f"chunk-{k:06d}.npz"
-        vals = _load_chunk(path, idx, lengths) if path.exists() else None
-        if vals is not None:
-            resumed += 1
-        else:
-            st: dict = {}
-            inner = (lambda d, _n, _base=done: progress(_base + d, total)) if progress else None
-            vals = score_values(critic, [seqs[i] for i in idx], token_budget=token_budget, stats=st,
-                                attention_mask=attention_mask, progress=inner)
-            if st.get("n_batches") != len(batches):  # the chunk must reproduce the global plan
-                raise RuntimeError(f"chunk {k} planned {st.get('n_batches')} batches instead of {len(batches)}")
-            _save_chunk(path, idx, vals)
-            for name in ("n_batches", "real_tokens", "computed_tokens", "seconds"):
-                agg[name] += st[name]
-            agg["batch_shapes"] += st["batch_shapes"]
-            if delay > 0:
-                time.sleep(delay)
-        for i, v in zip(idx, vals, strict=True):
-            results[i] = v
-        done += sum(fed[i] for i in idx)
-        if progress:
-            progress(done, total)
+    seqs = _validate(sequences, critic.max_length, _vocab_size(critic))
+    cache = ChunkCache.open(cache_root, Path(critic.path).name, critic_fingerprint(critic), seqs,
+                            token_budget=token_budget, chunk_tokens=chunk_tokens, attention_mask=attention_mask)
+    res = ChunkResults(cache, progress)
+    for k, batches in enumerate(cache.chunks):
+        vals, st = cache.load(k), None
+        if vals is None:
+            inner = (lambda d, _n, _base=res.done: progress(_base + d, res.total)) if progress else None
+            vals, st = score_chunk(critic, [seqs[i] for i in cache.indices(k)], len(batches),
+                                   token_budget=token_budget, attention_mask=attention_mask, progress=inner)
+            cache.save(k, vals)
+        res.add(k, vals, st)
     if stats is not None:
-        sec = agg["seconds"]
-        stats.update(
-            n_sequences=len(seqs), **agg,
-            padding_efficiency=(agg["real_tokens"] / agg["computed_tokens"]) if agg["computed_tokens"] else 1.0,
-            tokens_per_s=(agg["real_tokens"] / sec) if sec > 0 else None,
-            n_chunks=len(chunks), resumed_chunks=resumed, cache_dir=str(folder),
-        )
+        stats.update(res.stats())
     if not keep:
-        shutil.rmtree(folder, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            root.rmdir()  # only when empty
-    return results
+        cache.remove()
+    return res.values

@@ -269,14 +269,10 @@ def load_critic(
             head of the wrong shape.
         ConfigError: an invalid device or dtype.
     """
-    from critic_audit.critic.formats import resolve
-
     path = Path(path)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    pickle_ok = ALLOW_PICKLE.get() if allow_pickle is None else bool(allow_pickle)
-    src = resolve(path, head=Path(head) if head is not None else None, allow_pickle=pickle_ok,
-                  trust_remote_code=trust_remote_code)
+    src = _resolve(path, head, allow_pickle, trust_remote_code)
     config = src.config
     head_w, head_b = src.head_weight, src.head_bias
     hidden = head_w.shape[1]
@@ -298,14 +294,7 @@ def load_critic(
     backbone.to(dev)
     head_lin.eval().to(dev)
     tokenizer = _load_tokenizer_of(src, trust_remote_code)
-    max_length = int(
-        getattr(config, "max_position_embeddings", None)
-        or getattr(config.get_text_config(), "max_position_embeddings", None)
-        or getattr(tokenizer, "model_max_length", 0)
-        or 0
-    )
-    if max_length <= 0:
-        raise CheckpointError("config has no max_position_embeddings", path=path)
+    max_length = _max_length(src, tokenizer, path)
     log.info("%s: loaded as %s", path, src.format)
     return Critic(
         backbone=backbone,
@@ -319,6 +308,79 @@ def load_critic(
         files=tuple(src.files),
         details=dict(src.details),
     )
+
+
+def _resolve(path: Path, head: str | Path | None, allow_pickle: bool | None, trust_remote_code: bool):
+    """Detect and resolve the checkpoint format (weights stay on disk except the head)."""
+    from critic_audit.critic.formats import resolve
+
+    pickle_ok = ALLOW_PICKLE.get() if allow_pickle is None else bool(allow_pickle)
+    return resolve(Path(path), head=Path(head) if head is not None else None, allow_pickle=pickle_ok,
+                   trust_remote_code=trust_remote_code)
+
+
+def _max_length(src, tokenizer, path: Path) -> int:
+    config = src.config
+    max_length = int(
+        getattr(config, "max_position_embeddings", None)
+        or getattr(config.get_text_config(), "max_position_embeddings", None)
+        or getattr(tokenizer, "model_max_length", 0)
+        or 0
+    )
+    if max_length <= 0:
+        raise CheckpointError("config has no max_position_embeddings", path=path)
+    return max_length
+
+
+@dataclass(frozen=True)
+class CriticInfo:
+    """A critic checkpoint described without building its backbone: what a driver that hands scoring
+    to workers needs (the tokenizer, the context, the vocabulary and the scoring cache's fingerprint).
+
+    Attributes:
+        path: the checkpoint folder (or ``.gguf`` file).
+        format: the detected checkpoint format.
+        tokenizer: the checkpoint's tokenizer.
+        max_length: the critic's context (``max_position_embeddings``).
+        vocab_size: the backbone's vocabulary (``config.vocab_size``), or None when the config has none.
+        files: the files the weights are read from.
+        head_sha256: the hash of the float32 value head (weight, then bias; zero bias when absent).
+    """
+
+    path: Path
+    format: str
+    tokenizer: PreTrainedTokenizerBase
+    max_length: int
+    vocab_size: int | None
+    files: tuple
+    head_sha256: str
+
+    def fingerprint(self, dtype: torch.dtype, device_type: str) -> dict:
+        """:func:`critic_fingerprint` of this critic once loaded in ``dtype`` on a ``device_type`` device."""
+        return _fingerprint(self.path, self.format, self.files, self.head_sha256, dtype, device_type)
+
+
+def inspect_critic(
+    path: str | Path,
+    *,
+    trust_remote_code: bool = False,
+    head: str | Path | None = None,
+    allow_pickle: bool | None = None,
+) -> CriticInfo:
+    """Describe a critic checkpoint as :func:`load_critic` reads it, without building the backbone
+    (only the head and the tokenizer are read; verl FSDP shards are still merged).
+
+    Raises:
+        CheckpointError: as :func:`load_critic`.
+    """
+    path = Path(path)
+    src = _resolve(path, head, allow_pickle, trust_remote_code)
+    tokenizer = _load_tokenizer_of(src, trust_remote_code)
+    bias = src.head_bias if src.head_bias is not None else torch.zeros(1)
+    vocab = getattr(src.config.get_text_config(), "vocab_size", None)
+    return CriticInfo(path=path, format=src.format, tokenizer=tokenizer, max_length=_max_length(src, tokenizer, path),
+                      vocab_size=int(vocab) if vocab else None, files=tuple(src.files),
+                      head_sha256=_head_sha256(src.head_weight, bias))
 
 
 def _load_tokenizer_of(src, trust_remote_code: bool):
@@ -339,21 +401,31 @@ def _load_tokenizer_of(src, trust_remote_code: bool):
 def critic_fingerprint(critic: Critic) -> dict:
     """What identifies a critic's values, for the scoring cache: format, path, the size and mtime of
     every file it was read from, a hash of the head, the dtype and the device type."""
+    return _fingerprint(critic.path, critic.format, critic.files, _head_sha256(critic.head.weight, critic.head.bias),
+                        critic.dtype, critic.device.type)
+
+
+def _head_sha256(weight: torch.Tensor, bias: torch.Tensor) -> str:
     import hashlib
 
-    files = []
-    for f in critic.files:
+    head = torch.cat([weight.detach().reshape(-1), bias.detach().reshape(-1)]).float().cpu()
+    return hashlib.sha256(head.numpy().tobytes()).hexdigest()
+
+
+def _fingerprint(path: Path, fmt: str, files: tuple | list, head_sha256: str, dtype: torch.dtype,
+                 device_type: str) -> dict:
+    stats = []
+    for f in files:
         try:
             st = Path(f).stat()
-            files.append([str(Path(f).resolve()), st.st_size, st.st_mtime_ns])
+            stats.append([str(Path(f).resolve()), st.st_size, st.st_mtime_ns])
         except OSError:
-            files.append([str(f), None, None])
-    head = torch.cat([critic.head.weight.detach().reshape(-1), critic.head.bias.detach().reshape(-1)]).float().cpu()
+            stats.append([str(f), None, None])
     return {
-        "path": str(Path(critic.path).resolve()),
-        "format": critic.format,
-        "files": files,
-        "head_sha256": hashlib.sha256(head.numpy().tobytes()).hexdigest(),
-        "dtype": str(critic.dtype).replace("torch.", ""),
-        "device_type": critic.device.type,
+        "path": str(Path(path).resolve()),
+        "format": fmt,
+        "files": stats,
+        "head_sha256": head_sha256,
+        "dtype": str(dtype).replace("torch.", ""),
+        "device_type": device_type,
     }
