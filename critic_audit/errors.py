@@ -57,3 +57,7 @@ class CheckpointError(CriticAuditError):
 
 class ConfigError(CriticAuditError):
     """An option or config value outside its allowed range."""
+
+
+class ScoringError(CriticAuditError):
+    """A scoring worker that failed, died or loaded another critic (distributed scoring)."""

@@ -226,8 +226,8 @@ class ChunkResults:
         self.total = sum(max(n - 1, 0) for n in cache.lengths)
         self.done = 0
         self.resumed = 0
-        self.agg: dict[str, Any] = {"n_batches": 0, "batch_shapes": [], "real_tokens": 0, "computed_tokens": 0,
-                                    "seconds": 0.0}
+        self.agg: dict[str, Any] = {"n_batches": 0, "real_tokens": 0, "computed_tokens": 0, "seconds": 0.0}
+        self.shapes: dict[int, list] = {}
         self.progress = progress
         if progress:
             progress(0, self.total)
@@ -239,7 +239,7 @@ class ChunkResults:
         else:
             for name in self.SUMMED:
                 self.agg[name] += stats[name]
-            self.agg["batch_shapes"] += stats["batch_shapes"]
+            self.shapes[k] = stats["batch_shapes"]
         for i, v in zip(self.cache.indices(k), values, strict=True):
             self.values[i] = v
         self.done += self.cache.chunk_tokens(k)
@@ -249,7 +249,7 @@ class ChunkResults:
     def stats(self, seconds: float | None = None) -> dict:
         """The keys of :func:`score_values` for the work done (``seconds``: the wall time, default the
         summed scoring time) plus ``n_chunks``, ``resumed_chunks`` and ``cache_dir``."""
-        agg = dict(self.agg)
+        agg = dict(self.agg, batch_shapes=[s for k in sorted(self.shapes) for s in self.shapes[k]])
         sec = agg["seconds"] if seconds is None else seconds
         agg["seconds"] = sec
         return dict(

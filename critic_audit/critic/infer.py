@@ -93,7 +93,7 @@ def iter_hidden_batches(
         mask = torch.zeros((len(idx), cols), dtype=torch.long)
         for r, i in enumerate(idx):
             n = fed[i]
-            ids[r, :n] = torch.as_tensor(np.asarray(sequences[i][:n], dtype=np.int64))
+            ids[r, :n] = torch.from_numpy(np.array(sequences[i][:n], dtype=np.int64))  # a copy: inputs may be read-only
             mask[r, :n] = 1
         ids = ids.to(device)
         # Right padding + causal attention: real positions never see the pads, so the mask is not

@@ -1,0 +1,408 @@
+"""Distributed critic scoring: the chunks of :func:`critic_audit.critic.score_values_cached` scored by
+several workers (one per GPU of a node, or Ray actors across nodes), with identical output.
+
+- The driver plans the chunks and writes the manifest exactly as the single-process path does
+  (:class:`~critic_audit.critic.cache.ChunkCache`: same plan, same manifest, same folder), so a cache
+  left by a killed single-process run is resumed by a distributed one and the other way round.
+- Chunks not yet in the cache go to the workers longest first, each worker holding at most two at a
+  time (a work queue: a fast worker takes more). A worker loads the critic once and returns values;
+  the **driver** writes every chunk file atomically as it arrives, so the workers need no shared
+  filesystem and a run killed at any point resumes from the chunks that landed.
+- Each chunk alone reproduces its batches of the global plan, so the values are bit-for-bit those
+  of :func:`~critic_audit.critic.score_values` with the same critic and options on the same kind of
+  device (tested on CPU).
+
+Backends: ``"processes"`` (one spawned process per worker on this machine; on CUDA worker ``i``
+uses ``cuda:i``, on CPU each worker gets ``cpu_count // workers`` threads) and ``"ray"`` (one Ray actor
+per worker, ``num_gpus=1`` each on CUDA; Ray is an optional dependency).
+
+``CRITIC_AUDIT_SCORING_WORKER_FAIL_AFTER=N`` makes every worker raise after it has scored ``N``
+chunks (``N:exit``: the worker process dies instead): a deterministic way for tests to break a run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from critic_audit.critic.cache import ChunkCache, ChunkResults, score_chunk
+from critic_audit.critic.infer import Progress, _validate
+from critic_audit.critic.load import Critic, CriticInfo, critic_fingerprint, inspect_critic, load_critic
+from critic_audit.critic.options import DEFAULT_CHUNK_TOKENS
+from critic_audit.errors import ConfigError, CriticAuditError, ScoringError
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("processes", "ray")
+FAIL_ENV = "CRITIC_AUDIT_SCORING_WORKER_FAIL_AFTER"
+RAY_FIX = 'pip install "critic-audit[ray]" (or pip install ray)'
+#: Chunks held by one worker at a time: one scoring, one waiting (hides the round trip to the driver).
+DEPTH = 2
+#: Fingerprint entries that must agree between the driver and every worker (paths and mtimes may
+#: differ where each node holds its own copy of the checkpoint).
+SAME_VALUES = ("format", "head_sha256", "dtype", "device_type")
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    """What a worker needs to load the critic itself (the arguments of :func:`load_critic`).
+
+    Attributes:
+        path: the checkpoint folder (or ``.gguf`` file), readable at the same path by every worker.
+        device: ``auto`` (CUDA when the workers have it, else CPU), ``cpu`` or ``cuda``; each worker
+            gets its own device (``cuda:i`` per process, the GPU Ray assigns to an actor).
+        dtype: backbone compute dtype (``auto``: float32 on CPU, bfloat16 on CUDA; see :func:`load_critic`).
+        head: a value-head file to use instead of the checkpoint's.
+        allow_pickle: read pickle weights (``*.bin``, ``*.pt``, verl FSDP shards).
+        trust_remote_code: allow checkpoints whose config asks for custom code.
+    """
+
+    path: str
+    device: str = "auto"
+    dtype: str = "auto"
+    head: str | None = None
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+
+    def load(self, device: str) -> Critic:
+        """:func:`load_critic` with these options on ``device``."""
+        return load_critic(self.path, device=device, dtype=self.dtype, head=self.head,
+                           allow_pickle=self.allow_pickle, trust_remote_code=self.trust_remote_code)
+
+    def inspect(self) -> CriticInfo:
+        """:func:`inspect_critic` with these options (no backbone built)."""
+        return inspect_critic(self.path, head=self.head, allow_pickle=self.allow_pickle,
+                              trust_remote_code=self.trust_remote_code)
+
+
+class ChunkScorer:
+    """A worker: loads the critic once on ``device`` and scores chunks (a Ray actor class as is)."""
+
+    def __init__(self, spec: CriticSpec, device: str, threads: int | None) -> None:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.critic = spec.load(device)
+        self.scored = 0
+
+    def ready(self) -> dict:
+        """Where the worker runs and the fingerprint of the critic it loaded."""
+        return {"host": socket.gethostname(), "pid": os.getpid(), "device": str(self.critic.device),
+                "fingerprint": critic_fingerprint(self.critic)}
+
+    def score(self, k: int, sequences: list[np.ndarray], n_batches: int, token_budget: int,
+              attention_mask: bool) -> tuple[int, list[np.ndarray], dict]:
+        """Chunk ``k``: ``(k, values, stats)`` of :func:`~critic_audit.critic.cache.score_chunk`."""
+        after = os.environ.get(FAIL_ENV)
+        if after and self.scored >= int(after.split(":")[0]):
+            if after.endswith(":exit"):
+                os._exit(3)
+            raise RuntimeError(f"{FAIL_ENV}={after}: injected failure")
+        vals, st = score_chunk(self.critic, sequences, n_batches, token_budget=token_budget,
+                               attention_mask=attention_mask)
+        self.scored += 1
+        return k, vals, st
+
+
+# --- the processes backend: one single-worker executor per device --------------------------------
+
+_SCORER: ChunkScorer | None = None
+
+
+def _in_process(init: tuple, method: str, *args: Any) -> Any:
+    """Run ``method`` on this process's :class:`ChunkScorer` (created on the first call, so that a
+    load error comes back as the task's exception)."""
+    global _SCORER
+    if _SCORER is None:
+        _SCORER = ChunkScorer(*init)
+    return getattr(_SCORER, method)(*args)
+
+
+class _Processes:
+    def __init__(self, spec: CriticSpec, devices: list[str], threads: int | None) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # CUDA cannot be forked; spawn is also what macOS and Windows do
+        self.init = [(spec, d, threads) for d in devices]
+        self.pools = [cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx) for _ in devices]
+
+    def submit(self, w: int, method: str, *args: Any) -> cf.Future:
+        return self.pools[w].submit(_in_process, self.init[w], method, *args)
+
+    def close(self, abort: bool) -> None:
+        for pool in self.pools:
+            if abort:  # do not wait for chunks whose results would be dropped
+                for proc in list(getattr(pool, "_processes", {}).values()):
+                    proc.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+# --- the Ray backend: one actor per device --------------------------------------------------------
+
+class _Ray:
+    def __init__(self, ray: Any, spec: CriticSpec, n: int, device: str, threads: int | None) -> None:
+        self.ray = ray
+        opts = {"num_gpus": 1} if device == "cuda" else {"num_cpus": threads or 1}
+        actor = ray.remote(ChunkScorer).options(max_restarts=0, **opts)
+        self.actors = [actor.remote(spec, device, threads) for _ in range(n)]
+
+    def submit(self, w: int, method: str, *args: Any) -> cf.Future:
+        return getattr(self.actors[w], method).remote(*args).future()
+
+    def close(self, abort: bool) -> None:
+        for a in self.actors:
+            self.ray.kill(a)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("the ray backend needs Ray, which is not installed", fix=RAY_FIX) from exc
+    return ray
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _process_devices(device: str, workers: int) -> list[str]:
+    """Per worker of the processes backend: ``cuda:i`` (round robin over the visible GPUs) or ``cpu``."""
+    import torch
+
+    if device.startswith("cuda:") and workers > 1:
+        raise ConfigError(f"--device {device} names one GPU but {workers} workers need one each",
+                          fix="pass --device cuda (worker i takes cuda:i; choose GPUs with CUDA_VISIBLE_DEVICES)")
+    if device in ("auto", "cuda") and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        if workers > n:
+            log.warning("%d workers share %d GPU(s)", workers, n)
+        return [f"cuda:{i % n}" for i in range(workers)]
+    if device == "cuda" or device.startswith("cuda:"):
+        if workers == 1:
+            return [device]  # load_critic says why CUDA is missing
+        raise ConfigError(f"--device {device}: CUDA is not available on this machine",
+                          fix="use --device cpu (or auto), or run on a GPU machine")
+    if device not in ("auto", "cpu"):
+        raise ConfigError(f"invalid device {device!r} for distributed scoring", fix="use auto, cpu or cuda")
+    return ["cpu"] * workers
+
+
+def _ray_device(ray: Any, device: str) -> str:
+    """``cuda`` or ``cpu`` for every actor: ``auto`` is cuda when the cluster has GPUs."""
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if device == "auto":
+        return "cuda" if gpus >= 1 else "cpu"
+    if device == "cuda":
+        if gpus < 1:
+            raise ConfigError("--device cuda: the Ray cluster has no GPU", fix="start GPU nodes, or use --device cpu")
+        return "cuda"
+    if device == "cpu":
+        return "cpu"
+    raise ConfigError(f"invalid device {device!r} for the ray backend (Ray assigns the GPUs)",
+                      fix="use auto, cpu or cuda")
+
+
+def _worker_error(w: int, k: int, exc: BaseException, written: int, total: int) -> CriticAuditError:
+    """One clear error for a failed worker, naming what the next run will resume."""
+    cause = getattr(exc, "cause", None)  # Ray wraps a task's exception (RayTaskError.cause)
+    if isinstance(cause, BaseException):
+        exc = cause
+    if isinstance(exc, CriticAuditError):
+        return exc
+    resume = f"rerun the same command: the {written} of {total} chunks written are resumed"
+    if type(exc).__name__ in ("BrokenProcessPool", "ActorDiedError", "RayActorError", "ActorUnavailableError"):
+        when = f"while scoring chunk {k}" if k >= 0 else "while loading the critic"
+        return ScoringError(f"scoring worker {w} died {when} (out of memory?)",
+                            fix=f"lower --token-budget if memory ran out, then {resume}")
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    when = f"on chunk {k}" if k >= 0 else "while loading the critic"
+    return ScoringError(f"scoring worker {w} failed {when}: {type(exc).__name__}: {first}", fix=resume)
+
+
+def score_values_distributed(
+    critic: CriticSpec,
+    sequences: Sequence[np.ndarray],
+    cache_root: str | Path,
+    *,
+    workers: int,
+    backend: str = "processes",
+    token_budget: int = 16384,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+    stats: dict | None = None,
+    attention_mask: bool = False,
+    keep: bool = False,
+    ray_address: str | None = None,
+    threads: int | None = None,
+    info: CriticInfo | None = None,
+) -> list[np.ndarray]:
+    """:func:`~critic_audit.critic.score_values_cached` with the chunks scored by ``workers`` workers.
+
+    Args:
+        critic: how each worker loads the critic.
+        sequences: 1-D integer arrays of token ids (each at most the critic's context long).
+        cache_root: where the chunks are written (by this process only) and resumed from; the
+            folder is the one :func:`score_values_cached` uses for the same critic and options.
+        workers: number of workers (processes or Ray actors), each with its own device.
+        backend: ``"processes"`` (this machine) or ``"ray"`` (a Ray cluster).
+        token_budget, chunk_tokens, attention_mask, keep: as :func:`score_values_cached`.
+        progress: ``progress(done_tokens, total_tokens)``, called as chunks land.
+        stats: filled with the keys of :func:`score_values_cached` (``seconds`` is the wall time of the
+            scoring, after the workers loaded the critic; ``tokens_per_s`` follows it) plus
+            ``backend``, ``workers``, ``devices`` (per worker, ``host:device`` on Ray),
+            ``startup_seconds`` (start and critic load) and ``worker_seconds`` (summed scoring time).
+        ray_address: ``ray.init(address=...)`` when Ray is not initialized yet: ``"auto"`` joins the
+            cluster started with ``ray start``, None starts a local one (shut down at the end).
+        threads: torch threads per worker (default: the CPUs divided among the workers; 1 per Ray
+            actor on CPU).
+        info: the critic as :func:`inspect_critic` described it, when the caller has it already.
+
+    Returns:
+        float32 arrays, bit-for-bit those of :func:`score_values` on the same kind of device.
+
+    Raises:
+        ConfigError: bad options, sequences the critic cannot score, Ray missing.
+        CheckpointError: a worker cannot load the critic.
+        ScoringError: a worker failed, died, or loaded a different critic; the chunks written so
+            far stay in the cache for the next run.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown scoring backend {backend!r}", fix=f"use one of {', '.join(BACKENDS)}")
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    if ray_address is not None and backend != "ray":
+        raise ConfigError("--ray-address is for the ray backend", fix="add --backend ray")
+    info = info or critic.inspect()
+    seqs = _validate(sequences, info.max_length, info.vocab_size)
+    started_ray, ray = False, None
+    if backend == "ray":
+        ray = _import_ray()
+        if not ray.is_initialized():
+            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+            started_ray = True
+        device_type = _ray_device(ray, critic.device)
+        devices = [device_type] * workers
+        threads = threads or (None if device_type == "cuda" else 1)
+    else:
+        devices = _process_devices(critic.device, workers)
+        device_type = devices[0].split(":")[0]
+        threads = threads or max(1, _cpu_count() // workers)
+    try:
+        from critic_audit.critic.load import resolve_dtype
+
+        import torch
+
+        fingerprint = info.fingerprint(resolve_dtype(critic.dtype, torch.device(device_type)), device_type)
+        cache = ChunkCache.open(cache_root, Path(info.path).name, fingerprint, seqs, token_budget=token_budget,
+                                chunk_tokens=chunk_tokens, attention_mask=attention_mask)
+        res = ChunkResults(cache, progress)
+        pending = []
+        for k in range(len(cache.chunks)):
+            vals = cache.load(k)
+            if vals is None:
+                pending.append(k)
+            else:
+                res.add(k, vals, None)
+        run = {"backend": backend, "workers": workers, "devices": [], "startup_seconds": 0.0, "worker_seconds": 0.0}
+        wall = 0.0
+        if pending:
+            pool = (_Ray(ray, critic, workers, device_type, threads) if backend == "ray"
+                    else _Processes(critic, devices, threads))
+            wall = _drive(pool, cache, res, seqs, pending, fingerprint, run, token_budget=token_budget,
+                          attention_mask=attention_mask)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    out = res.stats(seconds=wall)
+    run["worker_seconds"] = res.agg["seconds"]
+    if stats is not None:
+        stats.update(out, **run)
+    if not keep:
+        cache.remove()
+    return res.values
+
+
+def _drive(pool: _Processes | _Ray, cache: ChunkCache, res: ChunkResults, seqs: list[np.ndarray],
+           pending: list[int], fingerprint: dict, run: dict, *, token_budget: int, attention_mask: bool) -> float:
+    """Start the workers, hand out ``pending`` chunks longest first, write each as it lands; returns
+    the wall time of the scoring (after the workers are ready)."""
+    n = len(pool.pools) if isinstance(pool, _Processes) else len(pool.actors)
+    total = len(cache.chunks)
+    abort = True
+    try:
+        t0 = time.perf_counter()
+        ready = [pool.submit(w, "ready") for w in range(n)]
+        for w, fut in enumerate(ready):
+            try:
+                where = fut.result()
+            except BaseException as exc:  # noqa: BLE001 - one clear error for any worker failure
+                raise _worker_error(w, -1, exc, res.resumed, total) from exc
+            _check_same_critic(w, where, fingerprint)
+            run["devices"].append(f"{where['host']}:{where['device']}" if isinstance(pool, _Ray) else where["device"])
+        run["startup_seconds"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        queue = deque(sorted(pending, key=lambda k: (-cache.chunk_tokens(k), k)))  # longest first
+        inflight: dict[cf.Future, tuple[int, int]] = {}
+        held = [0] * n
+
+        def feed() -> None:
+            for w in range(n):
+                while queue and held[w] < DEPTH:
+                    k = queue.popleft()
+                    fut = pool.submit(w, "score", k, [seqs[i] for i in cache.indices(k)], len(cache.chunks[k]),
+                                      token_budget, attention_mask)
+                    inflight[fut] = (w, k)
+                    held[w] += 1
+
+        feed()
+        while inflight:
+            done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+            failed = None
+            for fut in sorted(done, key=lambda f: inflight[f][1]):
+                w, k = inflight.pop(fut)
+                held[w] -= 1
+                try:
+                    _, vals, st = fut.result()
+                except BaseException as exc:  # noqa: BLE001
+                    failed = failed or (w, k, exc)
+                    continue
+                cache.save(k, vals)
+                res.add(k, vals, st)
+            if failed is not None:
+                w, k, exc = failed
+                written = sum(cache.path(j).exists() for j in range(total))
+                raise _worker_error(w, k, exc, written, total) from exc
+            feed()
+        abort = False
+        return time.perf_counter() - t1
+    finally:
+        with contextlib.suppress(Exception):
+            pool.close(abort)
+
+
+def _check_same_critic(w: int, where: dict, fingerprint: dict) -> None:
+    got = where["fingerprint"]
+    diff = [k for k in SAME_VALUES if got.get(k) != fingerprint.get(k)]
+    sizes = [f[1] for f in got.get("files", [])], [f[1] for f in fingerprint.get("files", [])]
+    if sizes[0] != sizes[1]:
+        diff.append("file sizes")
+    if diff:
+        raise ScoringError(f"scoring worker {w} on {where['host']} loaded a different critic ({', '.join(diff)} "
+                           "differ from the driver's)", path=fingerprint.get("path"),
+                           fix="give every node the same checkpoint at the same path, and the same torch build")
