@@ -146,7 +146,8 @@ def _summary_table(s: dict) -> Table:
         t.add_row(f"  success={key}: n, median eta2", f"{d['n_included']}, {_fmt_ci(d['eta2_median'])}")
     inf = s.get("inference") or {}
     if inf.get("tokens_per_s"):
-        t.add_row("critic inference", f"{inf['real_tokens']} tokens, {inf['tokens_per_s']:.0f} tok/s ({inf['dtype']}, {inf['device']})")
+        where = f"{inf['dtype']}, {inf['device']}" + (f", {inf['workers']} workers ({inf['backend']})" if inf.get("devices") else "")
+        t.add_row("critic inference", f"{inf['real_tokens']} tokens, {inf['tokens_per_s']:.0f} tok/s ({where})")
     ref = s["paper_reference"]
     t.add_row("MPO paper (2610.35013) for reference", f"median eta2 {ref['median_eta2']}, fraction {ref['frac_ss_between_gt_within']}")
     return t
@@ -202,6 +203,9 @@ def analyze(
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Write critic scores chunk by chunk to <out>.scoring-cache/ and resume an interrupted run from it (removed after success).")] = True,
     keep_scoring_cache: Annotated[bool, typer.Option("--keep-scoring-cache", help="Keep <out>.scoring-cache/ after success.")] = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read pickle critic weights (*.bin, *.pt, verl FSDP shards) with torch.load(weights_only=True).")] = False,
+    workers: Annotated[int, typer.Option(help="Critic scoring workers, one device each (worker i on cuda:i); 1 scores in this process. Values are identical.")] = 1,
+    backend: Annotated[str, typer.Option(help="How the workers run: processes (this machine) or ray (Ray actors, across nodes).")] = "processes",
+    ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join with --backend ray: auto (the one `ray start` made) or host:port; default a local one.")] = None,
 ) -> None:
     """Score rollouts with a critic and decompose its values into between-turn and within-turn variance."""
     try:
@@ -223,7 +227,8 @@ def analyze(
         tcfg = TokenizeConfig(max_length=max_length, overlong=overlong, chat_template=template)
         acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed, group_by=tuple(group_by or ()))
         scoring = [ScoringConfig(critic=str(c), device=device, dtype=dtype, token_budget=token_budget,
-                                 trust_remote_code=trust_remote_code) for c in (critic or [])] or None
+                                 trust_remote_code=trust_remote_code, workers=workers, backend=backend,
+                                 ray_address=ray_address) for c in (critic or [])] or None
         from critic_audit.critic.options import cache_root_for, pickle_allowed, scoring_cache
 
         with _Bar(enabled=not as_json or err.is_terminal) as bar, pickle_allowed(allow_pickle), \

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -52,6 +53,10 @@ class ScoringConfig:
             ``bfloat16`` or ``float16``. The value head always runs in float32.
         token_budget: most padded tokens (rows x length) in one forward pass.
         trust_remote_code: allow checkpoints whose config asks for custom code.
+        workers: scoring workers, each with its own device (1: score in this process).
+        backend: how several workers run: ``processes`` (one per GPU of this machine) or ``ray``
+            (Ray actors, across nodes; also with one worker). See ``critic_audit.critic.distributed``.
+        ray_address: the Ray cluster to join (``auto``: the one ``ray start`` made; None: a local one).
     """
 
     critic: str
@@ -59,11 +64,26 @@ class ScoringConfig:
     dtype: str = "auto"
     token_budget: int = 16384
     trust_remote_code: bool = False
+    workers: int = 1
+    backend: str = "processes"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if self.token_budget < 1:
             raise ConfigError(f"--token-budget must be at least 1, got {self.token_budget}",
                               fix="use e.g. --token-budget 16384")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {self.workers}", fix="use e.g. --workers 2")
+        if self.backend not in ("processes", "ray"):
+            raise ConfigError(f"--backend must be processes or ray, got {self.backend!r}",
+                              fix="use --backend processes (this machine) or --backend ray")
+        if self.ray_address is not None and self.backend != "ray":
+            raise ConfigError("--ray-address is for the ray backend", fix="add --backend ray")
+
+    @property
+    def distributed(self) -> bool:
+        """Scoring goes to workers (several, or a Ray actor) instead of this process."""
+        return self.workers > 1 or self.backend == "ray"
 
 
 def _reading(input_options: InputOptions | None, report: ReadReport | None) -> tuple[InputOptions, ReadReport]:
@@ -299,12 +319,18 @@ def _audit_one(
         if scoring is None:
             where = ", ".join(str(p) for p in (chat_inputs or table_inputs))
             raise ConfigError(f"{where}: no critic values to audit", fix="pass --critic CHECKPOINT_DIR")
-        from critic_audit.critic import load_critic  # torch/transformers load only when needed
+        from critic_audit.critic import inspect_critic, load_critic  # torch/transformers load only when needed
 
-        critic = load_critic(scoring.critic, device=scoring.device, dtype=scoring.dtype,
-                             trust_remote_code=scoring.trust_remote_code)
-        inference = {"critic": str(scoring.critic), "device": str(critic.device),
-                     "dtype": str(critic.dtype).replace("torch.", ""), "token_budget": scoring.token_budget}
+        if scoring.distributed:  # the workers load the critic; this process needs its tokenizer
+            critic = inspect_critic(scoring.critic, trust_remote_code=scoring.trust_remote_code)
+            inference = {"critic": str(scoring.critic), "device": None, "dtype": None}
+        else:
+            critic = load_critic(scoring.critic, device=scoring.device, dtype=scoring.dtype,
+                                 trust_remote_code=scoring.trust_remote_code)
+            inference = {"critic": str(scoring.critic), "device": str(critic.device),
+                         "dtype": str(critic.dtype).replace("torch.", "")}
+        inference.update(token_budget=scoring.token_budget, backend=scoring.backend if scoring.distributed else
+                         "in-process", workers=scoring.workers)
 
     if chat_inputs:
         max_len = tokenize.max_length or critic.max_length
@@ -622,7 +648,10 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
     Scoring is resumable (``critic_audit.critic.score_values_cached``) inside a
     ``critic_audit.critic.scoring_cache`` block (the CLI's ``--resume``, on by default: the cache is
     ``<out>.scoring-cache/``, removed when the block ends without error unless kept), or when
-    ``cache_dir`` is given (removed after scoring unless ``keep_cache``)."""
+    ``cache_dir`` is given (removed after scoring unless ``keep_cache``).
+
+    With ``scoring.distributed``, ``critic`` is a ``CriticInfo`` and the chunks are scored by workers
+    (``critic_audit.critic.score_values_distributed``; without a cache, in a temporary folder)."""
     from critic_audit.critic import score_values
     from critic_audit.critic.cache import current_options, score_values_cached
 
@@ -640,8 +669,14 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
     seqs = [g["token_id"].to_numpy() for g in groups]
     stats: dict[str, Any] = {}
     prog = (lambda d, n: progress("score", d, n)) if progress else None
-    if cache_dir is not None:
-        kw = {"chunk_tokens": chunk_tokens} if chunk_tokens else {}
+    kw = {"chunk_tokens": chunk_tokens} if chunk_tokens else {}
+    if scoring.distributed:
+        values = _score_distributed(critic, seqs, scoring, cache_dir, keep_cache, prog, stats, kw)
+        inference.update({k: stats.get(k) for k in ("devices", "startup_seconds", "worker_seconds")},
+                         device=stats["device_type"], dtype=stats["dtype"])
+        if cache_dir is not None:
+            inference["scoring_cache"] = {k: stats.get(k) for k in ("cache_dir", "n_chunks", "resumed_chunks")}
+    elif cache_dir is not None:
         values = score_values_cached(critic, seqs, cache_dir, token_budget=scoring.token_budget, progress=prog,
                                      stats=stats, keep=keep_cache, **kw)
         inference["scoring_cache"] = {k: stats.get(k) for k in ("cache_dir", "n_chunks", "resumed_chunks")}
@@ -654,6 +689,22 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
     inference.update({k: stats.get(k) for k in ("n_sequences", "real_tokens", "computed_tokens",
                                                   "padding_efficiency", "seconds", "tokens_per_s")})
     return pl.concat([rest, scored]).sort(["trajectory_id", "position"], maintain_order=True)
+
+
+def _score_distributed(info: Any, seqs: list, scoring: ScoringConfig, cache_dir: str | Path | None, keep: bool,
+                       progress: Callable[[int, int], None] | None, stats: dict[str, Any],
+                       kw: dict[str, Any]) -> list:
+    """``score_values_distributed`` for ``scoring``; without a cache folder, in a temporary one."""
+    from critic_audit.critic.distributed import CriticSpec, score_values_distributed
+    from critic_audit.critic.options import ALLOW_PICKLE
+
+    spec = CriticSpec(scoring.critic, device=scoring.device, dtype=scoring.dtype, allow_pickle=ALLOW_PICKLE.get(),
+                      trust_remote_code=scoring.trust_remote_code)
+    with tempfile.TemporaryDirectory(prefix="critic-audit-scoring-") if cache_dir is None else \
+            contextlib.nullcontext(cache_dir) as root:
+        return score_values_distributed(spec, seqs, root, workers=scoring.workers, backend=scoring.backend,
+                                        ray_address=scoring.ray_address, token_budget=scoring.token_budget,
+                                        progress=progress, stats=stats, keep=keep, info=info, **kw)
 
 
 def fit_critic(

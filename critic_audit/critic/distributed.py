@@ -265,7 +265,8 @@ def score_values_distributed(
         progress: ``progress(done_tokens, total_tokens)``, called as chunks land.
         stats: filled with the keys of :func:`score_values_cached` (``seconds`` is the wall time of the
             scoring, after the workers loaded the critic; ``tokens_per_s`` follows it) plus
-            ``backend``, ``workers``, ``devices`` (per worker, ``host:device`` on Ray),
+            ``backend``, ``workers``, ``device_type`` and ``dtype`` (what the workers run), ``devices``
+            (per worker, ``host:device`` on Ray; empty when every chunk came from the cache),
             ``startup_seconds`` (start and critic load) and ``worker_seconds`` (summed scoring time).
         ray_address: ``ray.init(address=...)`` when Ray is not initialized yet: ``"auto"`` joins the
             cluster started with ``ray start``, None starts a local one (shut down at the end).
@@ -319,7 +320,8 @@ def score_values_distributed(
                 pending.append(k)
             else:
                 res.add(k, vals, None)
-        run = {"backend": backend, "workers": workers, "devices": [], "startup_seconds": 0.0, "worker_seconds": 0.0}
+        run = {"backend": backend, "workers": workers, "device_type": device_type, "dtype": fingerprint["dtype"],
+               "devices": [], "startup_seconds": 0.0, "worker_seconds": 0.0}
         wall = 0.0
         if pending:
             pool = (_Ray(ray, critic, workers, device_type, threads) if backend == "ray"
