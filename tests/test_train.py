@@ -211,13 +211,13 @@ class EchoEnv:
 
 
 def test_user_environment_from_entry_point(tmp_path):
-    cfg = load_config(None, TINY[:-2] + ["steps=1", "env.name=tests.test_train:EchoEnv", "algo.name=grpo",
+    cfg = load_config(None, TINY[:-2] + ["steps=1", "env.name=test_train:EchoEnv", "algo.name=grpo",
                                          "log.rollouts_every=0"])
     tr = Trainer(cfg, tmp_path / "run")
     m = tr.step()
     assert m["rollout/num_turns_mean"] == 2
     with pytest.raises(ConfigError, match="no attribute"):
-        Trainer(load_config(None, ["env.name=tests.test_train:Nope"]), tmp_path / "r2")
+        Trainer(load_config(None, ["env.name=test_train:Nope"]), tmp_path / "r2")
     with pytest.raises(ConfigError, match="unknown environment"):
         Trainer(load_config(None, ["env.name=nope"]), tmp_path / "r3")
 

@@ -2,7 +2,8 @@
 
 Every policy loss is called as
 
-    loss, metrics = policy_loss(log_probs, old_log_probs, advantages, response_mask, turn_ids=None, config=None)
+    loss, metrics = policy_loss(log_probs, old_log_probs, advantages, response_mask, turn_ids=None, config=None,
+                                aggregate=None)
 
 - ``log_probs``: (B, T) float, log pi_theta(token) in nats, differentiable;
 - ``old_log_probs``: (B, T) float, log pi_old(token) in nats (behaviour policy; no gradient);
@@ -11,7 +12,10 @@ Every policy loss is called as
   padding (ignored, whatever the other tensors hold there, NaN included);
 - ``turn_ids``: (B, T) int64, k at policy tokens, -1 elsewhere; computed from the mask when None
   (only the MPO loss reads it);
-- ``config``: the loss's frozen config dataclass (None = its defaults).
+- ``config``: the loss's frozen config dataclass (None = its defaults);
+- ``aggregate``: optional ``fn(loss_mat, mask) -> scalar`` that replaces :func:`agg_loss` with the
+  config's mode, for engines that normalise over the global batch rather than the micro-batch (the
+  verl plugin passes verl's own ``agg_loss`` with its global batch sizes). None = :func:`agg_loss`.
 
 It returns a scalar ``loss`` (to minimise) and ``metrics``, a dict of floats with namespaced keys
 (``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``, ...).
@@ -125,6 +129,11 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, norm_constant: float | N
 # ----------------------------------------------------------------------------------------------
 # configs
 # ----------------------------------------------------------------------------------------------
+
+
+def _config_agg(loss_mat: Tensor, mask: Tensor, config: Any) -> Tensor:
+    """:func:`agg_loss` with the mode and constant of a loss config (the default ``aggregate``)."""
+    return agg_loss(loss_mat, mask, config.loss_agg_mode, config.loss_norm_constant)
 
 
 def _check_agg(mode: str) -> None:
@@ -251,14 +260,18 @@ class ValueLossConfig:
 # ----------------------------------------------------------------------------------------------
 
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+Aggregate = Callable[[Tensor, Tensor], Tensor]
+"""``fn(loss_mat, mask) -> 0-dim loss``: how a policy loss reduces its (B, T) token losses."""
 _POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 
 
 def register_policy_loss(name: str, config_cls: type) -> Callable[[Callable], PolicyLossFn]:
-    """Register ``fn(log_probs, old_log_probs, advantages, response_mask, turn_ids, config)``.
+    """Register ``fn(log_probs, old_log_probs, advantages, response_mask, turn_ids, config, aggregate)``.
 
-    The registered function takes ``turn_ids=None`` (computed from the mask) and ``config=None``
-    (meaning ``config_cls()``), and refuses a config of another type. ``fn.config_cls`` holds it.
+    The registered function takes ``turn_ids=None`` (computed from the mask), ``config=None``
+    (meaning ``config_cls()``) and ``aggregate=None`` (meaning :func:`agg_loss` with the config's
+    ``loss_agg_mode`` and ``loss_norm_constant``), and refuses a config of another type.
+    ``fn.config_cls`` holds it.
 
     Raises:
         ValueError: ``name`` is already registered.
@@ -276,6 +289,7 @@ def register_policy_loss(name: str, config_cls: type) -> Callable[[Callable], Po
             response_mask: Tensor,
             turn_ids: Tensor | None = None,
             config: Any = None,
+            aggregate: Aggregate | None = None,
         ) -> tuple[Tensor, dict[str, float]]:
             if config is None:
                 config = config_cls()
@@ -284,7 +298,9 @@ def register_policy_loss(name: str, config_cls: type) -> Callable[[Callable], Po
             mask = response_mask.bool()
             if turn_ids is None:
                 turn_ids = turn_ids_from_mask(mask)
-            return fn(log_probs, old_log_probs.detach(), advantages.detach(), mask, turn_ids, config)
+            if aggregate is None:
+                aggregate = functools.partial(_config_agg, config=config)
+            return fn(log_probs, old_log_probs.detach(), advantages.detach(), mask, turn_ids, config, aggregate)
 
         wrapped.config_cls = config_cls  # type: ignore[attr-defined]
         _POLICY_LOSSES[name] = wrapped
@@ -346,6 +362,7 @@ def ppo_clip_loss(
     response_mask: Tensor,
     turn_ids: Tensor | None,
     config: PPOLossConfig,
+    aggregate: Aggregate,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO's clipped surrogate on the token ratio r_t = pi_theta / pi_old (arXiv:1707.06347).
 
@@ -371,7 +388,7 @@ def ppo_clip_loss(
         cap = -a * config.dual_clip_c
         clipped_lower = (loss_mat > cap) & (a < 0) & mask
         loss_mat = torch.where(a < 0, torch.minimum(loss_mat, cap), loss_mat)
-    loss = agg_loss(loss_mat, mask, config.loss_agg_mode, config.loss_norm_constant)
+    loss = aggregate(loss_mat, mask)
     metrics = {
         "actor/pg_loss": float(loss.detach()),
         "actor/pg_clipfrac": float(masked_mean(clipped.float(), mask)),
@@ -390,8 +407,7 @@ def _segment_ratio_loss(
     eps_low: float,
     eps_high: float,
     clamp: float,
-    agg_mode: str,
-    norm_constant: float | None,
+    aggregate: Aggregate,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The sg trick shared by GSPO and MPO: w = exp(sg(log rho) + logp - sg(logp)), clipped.
 
@@ -404,7 +420,7 @@ def _segment_ratio_loss(
     # w = exp( sg(log rho) + logp - sg(logp) ): forward value rho, gradient rho * grad logp
     w = torch.exp(log_rho + logp - logp.detach())
     loss_mat, clipped = _clipped_surrogate(advantages, w, eps_low, eps_high, mask)
-    return agg_loss(loss_mat, mask, agg_mode, norm_constant), clipped, w.detach()
+    return aggregate(loss_mat, mask), clipped, w.detach()
 
 
 @register_policy_loss("gspo", GSPOLossConfig)
@@ -415,6 +431,7 @@ def gspo_loss(
     response_mask: Tensor,
     turn_ids: Tensor | None,
     config: GSPOLossConfig,
+    aggregate: Aggregate,
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO (arXiv:2507.18071), GSPO-token form: the sequence's geometric-mean ratio, token gradients.
 
@@ -433,7 +450,7 @@ def gspo_loss(
     log_s = (diff.sum(dim=-1, keepdim=True) / n).expand_as(diff)
     loss, clipped, _ = _segment_ratio_loss(
         log_probs, old_log_probs, advantages, mask, log_s, config.eps_low, config.eps_high,
-        config.log_ratio_clamp, config.loss_agg_mode, config.loss_norm_constant,
+        config.log_ratio_clamp, aggregate,
     )
     with torch.no_grad():
         s = torch.exp(log_s[:, 0].clamp(-config.log_ratio_clamp, config.log_ratio_clamp))
@@ -457,6 +474,7 @@ def mpo_loss(
     response_mask: Tensor,
     turn_ids: Tensor | None,
     config: MPOLossConfig,
+    aggregate: Aggregate,
 ) -> tuple[Tensor, dict[str, float]]:
     """MPO's turn-level importance sampling (arXiv:2610.35013, spec section 2).
 
@@ -480,7 +498,7 @@ def mpo_loss(
     log_rho_tok = torch.gather(log_rho_turn.detach(), 1, tid)
     loss, clipped, _ = _segment_ratio_loss(
         log_probs, old_log_probs, advantages, mask, log_rho_tok, config.eps_low, config.eps_high,
-        config.log_ratio_clamp, config.loss_agg_mode, config.loss_norm_constant,
+        config.log_ratio_clamp, aggregate,
     )
     metrics = {
         "actor/pg_loss": float(loss.detach()),
@@ -503,6 +521,7 @@ def sao_loss(
     response_mask: Tensor,
     turn_ids: Tensor | None,
     config: SAOLossConfig,
+    aggregate: Aggregate,
 ) -> tuple[Tensor, dict[str, float]]:
     """SAO's double-sided hard mask (arXiv:2607.07508; defaults unverified).
 
@@ -524,7 +543,7 @@ def sao_loss(
     a = torch.where(mask, advantages, zeros)
     # l_t = -sg(w_t) * A_t * logp_t
     loss_mat = -w * a * torch.where(mask, log_probs, zeros)
-    loss = agg_loss(loss_mat, mask, config.loss_agg_mode, config.loss_norm_constant)
+    loss = aggregate(loss_mat, mask)
     metrics = {
         "actor/pg_loss": float(loss.detach()),
         "actor/pg_clipfrac": float(masked_mean((mask & ~inside).float(), mask)),

@@ -1,0 +1,1 @@
+"""Integrations with training engines (optional extras). Each subpackage imports its engine."""
