@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from critic_audit.errors import CriticAuditError
+from critic_audit.errors import ConfigError, CriticAuditError
 
 app = typer.Typer(
     name="critic-audit",
@@ -451,12 +451,23 @@ def train(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value: --set optim.lr=3e-4 (repeatable).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from its latest checkpoint.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    engine: Annotated[str, typer.Option(help="builtin (this machine) or verl (Ray, FSDP, vLLM/SGLang; needs the [verl] extra; docs/verl.md).")] = "builtin",
+    verl: Annotated[Optional[list[str]], typer.Option("--verl", help="A verl override for --engine verl: --verl data.train_files=train.parquet (repeatable).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="--engine verl: write OUT/verl/launch.sh and config.yaml, do not launch.")] = False,
 ) -> None:
     """Train a policy (and critic) with MPO or a baseline on a multi-turn environment."""
+    if engine not in ("builtin", "verl"):
+        _fail(ConfigError(f"--engine {engine!r}", fix="use builtin or verl"))
+        return
+    if engine == "verl":
+        _train_verl(out_dir, config, algo, steps, seed, set_, verl or [], dry_run, env)
+        return
+    if verl or dry_run:
+        _fail(ConfigError("--verl and --dry-run belong to --engine verl", fix="add --engine verl"))
+        return
     try:
         from critic_audit.train import Trainer, load_config
 
-        from critic_audit.errors import ConfigError
 
         if resume and (set_ or algo or env or seed is not None or config is not None):
             raise ConfigError("a resumed run keeps its saved configuration; only --steps may change",
@@ -492,6 +503,45 @@ def train(
               f"run folder {out_dir}")
     if last:
         out.print(f"last step: reward {last['rollout/reward_mean']:.3f}, success {last['rollout/success_rate']:.3f}")
+
+
+def _train_verl(out_dir: Path, config: Optional[Path], algo: Optional[str], steps: Optional[int],
+                seed: Optional[int], set_: Optional[list[str]], verl: list[str], dry_run: bool,
+                env: Optional[str]) -> None:
+    """``train --engine verl``: write the verl run from our configuration, then launch it."""
+    import subprocess
+
+    try:
+        from critic_audit.integrations.verl.translate import verl_run_spec, write_verl_run
+        from critic_audit.train import load_config
+
+        if env is not None:
+            raise ConfigError("--env selects a built-in environment; verl runs its own agent loop",
+                              fix="drop --env; give verl's data and tool config with --verl (docs/verl.md)")
+        if not dry_run and not any(v.lstrip("+").startswith("data.train_files=") for v in verl):
+            raise ConfigError("verl trains on a prompt dataset and none was given",
+                              fix="add --verl data.train_files=train.parquet (and data.val_files=...), "
+                                  "or --dry-run to only write the launch files")
+        overrides = list(set_ or [])
+        for key, value in (("algo.name", algo), ("steps", steps), ("seed", seed)):
+            if value is not None:
+                overrides.append(f"{key}={json.dumps(value)}")
+        cfg = load_config(config, overrides)
+        spec = verl_run_spec(cfg, out_dir, verl)
+        for note in spec.notes:
+            err.print(f"note: {_escape(note)}")
+        paths = write_verl_run(spec, out_dir)
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+        return
+    out.print(f"wrote {paths['launch']} and {paths['config']}")
+    if dry_run:
+        return
+    rc = subprocess.call([str(paths["launch"])])
+    if rc != 0:
+        err.print(f"error: verl exited with status {rc} (its log is above; relaunch with {paths['launch']})")
+        raise typer.Exit(rc)
+    out.print(f"verl run finished; audit its critic: critic-audit analyze {out_dir / 'rollouts'} --group-by checkpoint")
 
 
 def main() -> None:
