@@ -1,0 +1,195 @@
+"""Distributed scoring (worker processes, Ray actors) gives the values of single-process scoring, bit for
+bit, writes its chunks from the driver and resumes after a worker fails or dies."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+
+from conftest import conv, make_critic_dir
+from critic_audit.critic import CriticSpec, load_critic, score_values, score_values_cached, score_values_distributed
+from critic_audit.critic.distributed import FAIL_ENV, _check_same_critic, _process_devices
+from critic_audit.errors import ConfigError, ScoringError
+
+LENGTHS = [57, 3, 40, 1, 0, 33, 21, 64, 18, 45, 9, 28, 50, 12]
+BUDGET = 128
+CHUNK_TOKENS = 60
+
+
+def _seqs() -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    return [rng.integers(3, 200, size=n).astype(np.int64) for n in LENGTHS]
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def critic_path(tmp_path_factory):
+    return make_critic_dir(tmp_path_factory.mktemp("dist_critic"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def spec(critic_path) -> CriticSpec:
+    return CriticSpec(str(critic_path), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def reference(critic_path) -> list[np.ndarray]:
+    """Single-process values (plain score_values, this process's thread count)."""
+    return score_values(load_critic(critic_path, device="cpu", dtype="float32"), _seqs(), token_budget=BUDGET)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray instance for the module (a few seconds to start)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_processes_equal_single_process(spec, reference, tmp_path):
+    st: dict = {}
+    calls: list[tuple[int, int]] = []
+    vals = score_values_distributed(spec, _seqs(), tmp_path / "cache", workers=2, token_budget=BUDGET,
+                                    chunk_tokens=CHUNK_TOKENS, stats=st, progress=lambda d, n: calls.append((d, n)))
+    assert _same(vals, reference)  # same chunk plan -> same batches -> bit-identical
+    assert st["n_chunks"] > 3 and st["resumed_chunks"] == 0
+    assert st["backend"] == "processes" and st["workers"] == 2 and st["devices"] == ["cpu", "cpu"]
+    assert st["real_tokens"] == sum(n - 1 for n in LENGTHS if n) and st["dtype"] == "float32"
+    assert calls[0] == (0, st["real_tokens"]) and calls[-1] == (st["real_tokens"], st["real_tokens"])
+    assert not (tmp_path / "cache").exists()  # removed after success (keep=False)
+
+
+def test_cache_is_shared_with_the_single_process_path(spec, critic_path, reference, tmp_path):
+    """Same manifest, same folder: a single-process cache is resumed whole, no worker started."""
+    critic = load_critic(critic_path, device="cpu", dtype="float32")
+    st1: dict = {}
+    score_values_cached(critic, _seqs(), tmp_path, token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS, stats=st1, keep=True)
+    st: dict = {}
+    vals = score_values_distributed(spec, _seqs(), tmp_path, workers=2, token_budget=BUDGET,
+                                    chunk_tokens=CHUNK_TOKENS, stats=st)
+    assert st["cache_dir"] == st1["cache_dir"]
+    assert st["resumed_chunks"] == st["n_chunks"] and st["devices"] == []  # nothing left to score
+    assert _same(vals, reference)
+
+
+def test_resume_after_worker_failure_and_death(spec, reference, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    kw = {"workers": 2, "token_budget": BUDGET, "chunk_tokens": CHUNK_TOKENS, "keep": True}
+
+    def written() -> int:
+        return len(list(cache.glob("*/chunk-*.npz")))
+
+    # every worker process dies (os._exit) when it starts its second chunk
+    monkeypatch.setenv(FAIL_ENV, "1:exit")
+    with pytest.raises(ScoringError, match=r"died while scoring chunk \d+.*chunks written are resumed"):
+        score_values_distributed(spec, _seqs(), cache, **kw)
+    first = written()
+    assert first >= 1  # the chunks that landed before the crash stay
+    # now every worker raises at its second chunk: one clear error, more chunks land
+    monkeypatch.setenv(FAIL_ENV, "1")
+    with pytest.raises(ScoringError, match=r"failed on chunk \d+: RuntimeError: .*injected failure"):
+        score_values_distributed(spec, _seqs(), cache, **kw)
+    second = written()
+    assert second > first
+    monkeypatch.delenv(FAIL_ENV)
+    st: dict = {}
+    vals = score_values_distributed(spec, _seqs(), cache, stats=st, **kw)
+    assert st["resumed_chunks"] == second and 0 < second < st["n_chunks"]
+    assert _same(vals, reference)
+
+
+def test_ray_equals_single_process(ray_session, spec, reference, tmp_path):
+    st: dict = {}
+    vals = score_values_distributed(spec, _seqs(), tmp_path / "cache", workers=2, backend="ray",
+                                    token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS, stats=st)
+    assert _same(vals, reference)
+    assert st["backend"] == "ray" and len(st["devices"]) == 2 and all(d.endswith(":cpu") for d in st["devices"])
+    assert st["resumed_chunks"] == 0 and st["n_chunks"] > 3
+    assert ray_session.is_initialized()  # a session the caller started is left running
+
+
+def test_ray_missing_is_one_clear_error(spec, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ConfigError, match=r"pip install"):
+        score_values_distributed(spec, _seqs(), tmp_path, workers=1, backend="ray", token_budget=BUDGET)
+
+
+def test_option_errors(spec, tmp_path):
+    with pytest.raises(ConfigError, match="unknown scoring backend"):
+        score_values_distributed(spec, _seqs(), tmp_path, workers=2, backend="dask")
+    with pytest.raises(ConfigError, match="--workers"):
+        score_values_distributed(spec, _seqs(), tmp_path, workers=0)
+    with pytest.raises(ConfigError, match="ray backend"):
+        score_values_distributed(spec, _seqs(), tmp_path, workers=2, ray_address="auto")
+    with pytest.raises(ConfigError, match="names one GPU"):
+        _process_devices("cuda:1", 2)
+    with pytest.raises(ConfigError, match="context"):  # sequences are checked on the driver
+        score_values_distributed(spec, [np.zeros(5000, dtype=np.int64)], tmp_path, workers=2)
+
+
+def test_a_worker_with_another_critic_is_refused():
+    mine = {"format": "hf-token-classification", "head_sha256": "a", "dtype": "float32", "device_type": "cuda",
+            "files": [["/x/model.safetensors", 10, 1]]}
+    other_node = dict(mine, files=[["/y/model.safetensors", 10, 2]])  # its own copy: path and mtime differ
+    _check_same_critic(0, {"host": "n1", "fingerprint": other_node}, mine)
+    with pytest.raises(ScoringError, match="different critic.*head_sha256"):
+        _check_same_critic(1, {"host": "n2", "fingerprint": dict(mine, head_sha256="b")}, mine)
+
+
+def _write_rollouts(path):
+    recs = [conv(i, 2 + i % 3, float(i % 2)) for i in range(12)]
+    path.write_text(json.dumps(recs))
+    return path
+
+
+def test_cli_workers_equal_single_process(critic_path, tmp_path_factory, tmp_path):
+    """analyze --workers 2 with two critics writes the tables of --workers 1, and says how it scored."""
+    from typer.testing import CliRunner
+
+    from critic_audit.cli import app
+
+    second = make_critic_dir(tmp_path_factory.mktemp("dist_critic_b"), seed=6)
+    rollouts = _write_rollouts(tmp_path / "rollouts.json")
+    base = ["analyze", str(rollouts), "--critic", str(critic_path), "--critic", str(second), "--bootstrap", "50",
+            "--no-plots", "--json"]
+    runner = CliRunner()
+    one = runner.invoke(app, [*base, "--out", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    two = runner.invoke(app, [*base, "--out", str(tmp_path / "two"), "--workers", "2"])
+    assert two.exit_code == 0, two.output
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    for label in summary["critics"]:
+        a, b = tmp_path / "one" / "critics" / label, tmp_path / "two" / "critics" / label
+        for table in ("tokens.parquet", "trajectories.parquet"):
+            assert pl.read_parquet(a / table).equals(pl.read_parquet(b / table)), (label, table)
+        inf = json.loads((b / "summary.json").read_text())["inference"]
+        assert inf["backend"] == "processes" and inf["workers"] == 2 and inf["devices"] == ["cpu", "cpu"]
+        assert inf["scoring_cache"]["resumed_chunks"] == 0 and inf["dtype"] == "float32"
+        assert json.loads((a / "summary.json").read_text())["inference"]["backend"] == "in-process"
+    assert not (tmp_path / "two.scoring-cache").exists()
+
+
+def test_cli_ray_backend(ray_session, critic_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from critic_audit.cli import app
+
+    rollouts = _write_rollouts(tmp_path / "rollouts.json")
+    base = ["analyze", str(rollouts), "--critic", str(critic_path), "--bootstrap", "50", "--no-plots", "--json"]
+    runner = CliRunner()
+    one = runner.invoke(app, [*base, "--out", str(tmp_path / "one"), "--no-resume"])
+    assert one.exit_code == 0, one.output
+    ray_run = runner.invoke(app, [*base, "--out", str(tmp_path / "ray"), "--backend", "ray", "--workers", "2",
+                                  "--no-resume"])
+    assert ray_run.exit_code == 0, ray_run.output
+    assert pl.read_parquet(tmp_path / "one" / "tokens.parquet").equals(pl.read_parquet(tmp_path / "ray" / "tokens.parquet"))
+    inf = json.loads((tmp_path / "ray" / "summary.json").read_text())["inference"]
+    assert inf["backend"] == "ray" and inf["workers"] == 2 and "scoring_cache" not in inf
