@@ -3,16 +3,29 @@ bit, writes its chunks from the driver and resumes after a worker fails or dies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
 import numpy as np
 import polars as pl
 import pytest
-
+import torch
 from conftest import conv, make_critic_dir
-from critic_audit.critic import CriticSpec, load_critic, score_values, score_values_cached, score_values_distributed
-from critic_audit.critic.distributed import FAIL_ENV, _check_same_critic, _process_devices
+
+from critic_audit.critic import (
+    CriticSpec,
+    load_critic,
+    score_values,
+    score_values_cached,
+    score_values_distributed,
+)
+from critic_audit.critic.distributed import (
+    FAIL_ENV,
+    _check_same_critic,
+    _cpu_count,
+    _process_devices,
+)
 from critic_audit.errors import ConfigError, ScoringError
 
 LENGTHS = [57, 3, 40, 1, 0, 33, 21, 64, 18, 45, 9, 28, 50, 12]
@@ -29,6 +42,18 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b))
 
 
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """CPU kernels may round differently at another thread count: the single-process reference runs
+    at the threads of one worker."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="module")
 def critic_path(tmp_path_factory):
     return make_critic_dir(tmp_path_factory.mktemp("dist_critic"), seed=5)
@@ -41,8 +66,9 @@ def spec(critic_path) -> CriticSpec:
 
 @pytest.fixture(scope="module")
 def reference(critic_path) -> list[np.ndarray]:
-    """Single-process values (plain score_values, this process's thread count)."""
-    return score_values(load_critic(critic_path, device="cpu", dtype="float32"), _seqs(), token_budget=BUDGET)
+    """Single-process values (plain score_values at 1 thread, as every worker below)."""
+    with torch_threads(1):
+        return score_values(load_critic(critic_path, device="cpu", dtype="float32"), _seqs(), token_budget=BUDGET)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +83,7 @@ def ray_session():
 def test_processes_equal_single_process(spec, reference, tmp_path):
     st: dict = {}
     calls: list[tuple[int, int]] = []
-    vals = score_values_distributed(spec, _seqs(), tmp_path / "cache", workers=2, token_budget=BUDGET,
+    vals = score_values_distributed(spec, _seqs(), tmp_path / "cache", workers=2, token_budget=BUDGET, threads=1,
                                     chunk_tokens=CHUNK_TOKENS, stats=st, progress=lambda d, n: calls.append((d, n)))
     assert _same(vals, reference)  # same chunk plan -> same batches -> bit-identical
     assert st["n_chunks"] > 3 and st["resumed_chunks"] == 0
@@ -71,7 +97,9 @@ def test_cache_is_shared_with_the_single_process_path(spec, critic_path, referen
     """Same manifest, same folder: a single-process cache is resumed whole, no worker started."""
     critic = load_critic(critic_path, device="cpu", dtype="float32")
     st1: dict = {}
-    score_values_cached(critic, _seqs(), tmp_path, token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS, stats=st1, keep=True)
+    with torch_threads(1):
+        score_values_cached(critic, _seqs(), tmp_path, token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS, stats=st1,
+                            keep=True)
     st: dict = {}
     vals = score_values_distributed(spec, _seqs(), tmp_path, workers=2, token_budget=BUDGET,
                                     chunk_tokens=CHUNK_TOKENS, stats=st)
@@ -82,7 +110,7 @@ def test_cache_is_shared_with_the_single_process_path(spec, critic_path, referen
 
 def test_resume_after_worker_failure_and_death(spec, reference, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    kw = {"workers": 2, "token_budget": BUDGET, "chunk_tokens": CHUNK_TOKENS, "keep": True}
+    kw = {"workers": 2, "threads": 1, "token_budget": BUDGET, "chunk_tokens": CHUNK_TOKENS, "keep": True}
 
     def written() -> int:
         return len(list(cache.glob("*/chunk-*.npz")))
@@ -108,7 +136,7 @@ def test_resume_after_worker_failure_and_death(spec, reference, tmp_path, monkey
 
 def test_ray_equals_single_process(ray_session, spec, reference, tmp_path):
     st: dict = {}
-    vals = score_values_distributed(spec, _seqs(), tmp_path / "cache", workers=2, backend="ray",
+    vals = score_values_distributed(spec, _seqs(), tmp_path / "cache", workers=2, backend="ray", threads=1,
                                     token_budget=BUDGET, chunk_tokens=CHUNK_TOKENS, stats=st)
     assert _same(vals, reference)
     assert st["backend"] == "ray" and len(st["devices"]) == 2 and all(d.endswith(":cpu") for d in st["devices"])
@@ -161,7 +189,8 @@ def test_cli_workers_equal_single_process(critic_path, tmp_path_factory, tmp_pat
     base = ["analyze", str(rollouts), "--critic", str(critic_path), "--critic", str(second), "--bootstrap", "50",
             "--no-plots", "--json"]
     runner = CliRunner()
-    one = runner.invoke(app, [*base, "--out", str(tmp_path / "one")])
+    with torch_threads(max(1, _cpu_count() // 2)):  # the threads each of 2 workers gets
+        one = runner.invoke(app, [*base, "--out", str(tmp_path / "one")])
     assert one.exit_code == 0, one.output
     two = runner.invoke(app, [*base, "--out", str(tmp_path / "two"), "--workers", "2"])
     assert two.exit_code == 0, two.output
@@ -185,7 +214,8 @@ def test_cli_ray_backend(ray_session, critic_path, tmp_path):
     rollouts = _write_rollouts(tmp_path / "rollouts.json")
     base = ["analyze", str(rollouts), "--critic", str(critic_path), "--bootstrap", "50", "--no-plots", "--json"]
     runner = CliRunner()
-    one = runner.invoke(app, [*base, "--out", str(tmp_path / "one"), "--no-resume"])
+    with torch_threads(1):  # a Ray actor on CPU runs 1 thread
+        one = runner.invoke(app, [*base, "--out", str(tmp_path / "one"), "--no-resume"])
     assert one.exit_code == 0, one.output
     ray_run = runner.invoke(app, [*base, "--out", str(tmp_path / "ray"), "--backend", "ray", "--workers", "2",
                                   "--no-resume"])

@@ -35,10 +35,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from critic_audit.critic.cache import ChunkCache, ChunkResults, score_chunk
 from critic_audit.critic.infer import Progress, _validate
-from critic_audit.critic.load import Critic, CriticInfo, critic_fingerprint, inspect_critic, load_critic
+from critic_audit.critic.load import (
+    Critic,
+    CriticInfo,
+    critic_fingerprint,
+    inspect_critic,
+    load_critic,
+    resolve_dtype,
+)
 from critic_audit.critic.options import DEFAULT_CHUNK_TOKENS
 from critic_audit.errors import ConfigError, CriticAuditError, ScoringError
 
@@ -137,6 +145,8 @@ class _Processes:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked; spawn is also what macOS and Windows do
         self.init = [(spec, d, threads) for d in devices]
         self.pools = [cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx) for _ in devices]
+        self.n = len(devices)
+        self.where = "{device}"  # how a worker is named in stats["devices"]
 
     def submit(self, w: int, method: str, *args: Any) -> cf.Future:
         return self.pools[w].submit(_in_process, self.init[w], method, *args)
@@ -157,6 +167,8 @@ class _Ray:
         opts = {"num_gpus": 1} if device == "cuda" else {"num_cpus": threads or 1}
         actor = ray.remote(ChunkScorer).options(max_restarts=0, **opts)
         self.actors = [actor.remote(spec, device, threads) for _ in range(n)]
+        self.n = n
+        self.where = "{host}:{device}"
 
     def submit(self, w: int, method: str, *args: Any) -> cf.Future:
         return getattr(self.actors[w], method).remote(*args).future()
@@ -226,7 +238,7 @@ def _worker_error(w: int, k: int, exc: BaseException, written: int, total: int) 
     if isinstance(exc, CriticAuditError):
         return exc
     resume = f"rerun the same command: the {written} of {total} chunks written are resumed"
-    if type(exc).__name__ in ("BrokenProcessPool", "ActorDiedError", "RayActorError", "ActorUnavailableError"):
+    if any(c.__name__ in ("BrokenProcessPool", "RayActorError") for c in type(exc).__mro__):
         when = f"while scoring chunk {k}" if k >= 0 else "while loading the critic"
         return ScoringError(f"scoring worker {w} died {when} (out of memory?)",
                             fix=f"lower --token-budget if memory ran out, then {resume}")
@@ -291,25 +303,27 @@ def score_values_distributed(
         raise ConfigError("--ray-address is for the ray backend", fix="add --backend ray")
     info = info or critic.inspect()
     seqs = _validate(sequences, info.max_length, info.vocab_size)
-    started_ray, ray = False, None
-    if backend == "ray":
-        ray = _import_ray()
-        if not ray.is_initialized():
+    ray = _import_ray() if backend == "ray" else None
+    started_ray = False
+    if ray is not None and not ray.is_initialized():
+        try:
             ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
-            started_ray = True
-        device_type = _ray_device(ray, critic.device)
-        devices = [device_type] * workers
-        threads = threads or (None if device_type == "cuda" else 1)
-    else:
-        devices = _process_devices(critic.device, workers)
-        device_type = devices[0].split(":")[0]
-        threads = threads or max(1, _cpu_count() // workers)
+        except ConnectionError as exc:
+            raise ConfigError(f"cannot reach the Ray cluster at {ray_address} ({str(exc).splitlines()[0]})",
+                              fix="start it with `ray start --head` (and `ray start --address HEAD:6379` on the "
+                                  "other nodes), or drop --ray-address to start a local one") from exc
+        started_ray = True
     try:
-        from critic_audit.critic.load import resolve_dtype
-
-        import torch
-
-        fingerprint = info.fingerprint(resolve_dtype(critic.dtype, torch.device(device_type)), device_type)
+        if ray is not None:
+            device_type = _ray_device(ray, critic.device)
+            devices = [device_type] * workers
+            threads = threads or (None if device_type == "cuda" else 1)
+        else:
+            devices = _process_devices(critic.device, workers)
+            device_type = devices[0].split(":")[0]
+            threads = threads or max(1, _cpu_count() // workers)
+        dtype = resolve_dtype(critic.dtype, torch.device(device_type))
+        fingerprint = info.fingerprint(dtype, device_type)
         cache = ChunkCache.open(cache_root, Path(info.path).name, fingerprint, seqs, token_budget=token_budget,
                                 chunk_tokens=chunk_tokens, attention_mask=attention_mask)
         res = ChunkResults(cache, progress)
@@ -344,19 +358,23 @@ def _drive(pool: _Processes | _Ray, cache: ChunkCache, res: ChunkResults, seqs: 
            pending: list[int], fingerprint: dict, run: dict, *, token_budget: int, attention_mask: bool) -> float:
     """Start the workers, hand out ``pending`` chunks longest first, write each as it lands; returns
     the wall time of the scoring (after the workers are ready)."""
-    n = len(pool.pools) if isinstance(pool, _Processes) else len(pool.actors)
+    n = pool.n
     total = len(cache.chunks)
     abort = True
+
+    def written() -> int:
+        return sum(cache.path(j).exists() for j in range(total))
+
     try:
         t0 = time.perf_counter()
         ready = [pool.submit(w, "ready") for w in range(n)]
         for w, fut in enumerate(ready):
             try:
                 where = fut.result()
-            except BaseException as exc:  # noqa: BLE001 - one clear error for any worker failure
+            except Exception as exc:
                 raise _worker_error(w, -1, exc, res.resumed, total) from exc
             _check_same_critic(w, where, fingerprint)
-            run["devices"].append(f"{where['host']}:{where['device']}" if isinstance(pool, _Ray) else where["device"])
+            run["devices"].append(pool.where.format(**where))
         run["startup_seconds"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         queue = deque(sorted(pending, key=lambda k: (-cache.chunk_tokens(k), k)))  # longest first
@@ -367,8 +385,11 @@ def _drive(pool: _Processes | _Ray, cache: ChunkCache, res: ChunkResults, seqs: 
             for w in range(n):
                 while queue and held[w] < DEPTH:
                     k = queue.popleft()
-                    fut = pool.submit(w, "score", k, [seqs[i] for i in cache.indices(k)], len(cache.chunks[k]),
-                                      token_budget, attention_mask)
+                    try:
+                        fut = pool.submit(w, "score", k, [seqs[i] for i in cache.indices(k)],
+                                          len(cache.chunks[k]), token_budget, attention_mask)
+                    except Exception as exc:  # a worker that died since its last result
+                        raise _worker_error(w, k, exc, written(), total) from exc
                     inflight[fut] = (w, k)
                     held[w] += 1
 
@@ -381,15 +402,14 @@ def _drive(pool: _Processes | _Ray, cache: ChunkCache, res: ChunkResults, seqs: 
                 held[w] -= 1
                 try:
                     _, vals, st = fut.result()
-                except BaseException as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - reported once the landed chunks are written
                     failed = failed or (w, k, exc)
                     continue
                 cache.save(k, vals)
                 res.add(k, vals, st)
             if failed is not None:
                 w, k, exc = failed
-                written = sum(cache.path(j).exists() for j in range(total))
-                raise _worker_error(w, k, exc, written, total) from exc
+                raise _worker_error(w, k, exc, written(), total) from exc
             feed()
         abort = False
         return time.perf_counter() - t1
