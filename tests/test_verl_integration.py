@@ -15,10 +15,11 @@ import pytest
 import torch
 
 if os.environ.get("CRITIC_AUDIT_REQUIRE_VERL") == "1":
-    import verl  # noqa: F401  (fail, do not skip)
+    import transfer_queue  # noqa: F401  (fail, do not skip)
+    import verl  # noqa: F401
 else:
     pytest.importorskip("verl")
-pytest.importorskip("transfer_queue")
+    pytest.importorskip("transfer_queue")
 
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
@@ -434,3 +435,90 @@ def test_trainer_step_hands_values_and_dumps_rollouts(transfer_queue, options, t
     )
     assert sorted(policy["trajectory_id"].unique().to_list()) == [f"step2:{i}" for i in range(4)]
     torch.testing.assert_close(got_values.float(), want, rtol=0, atol=1e-6)
+
+
+def test_ray_workers_get_the_options_and_our_trainer(transfer_queue, monkeypatch):
+    """What verl's TaskRunner does in its Ray actor, `import verl` then get_trainer_cls(trainer_mode),
+    finds our trainer and reads our options, given only the runtime environment the launcher writes."""
+    import ray
+
+    monkeypatch.delenv("VERL_USE_EXTERNAL_MODULES", raising=False)
+    cfg, _ = launcher.build(["algorithm.adv_estimator=mpo", "critic_audit.beta=0.25"])
+    env_vars = dict(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
+
+    @ray.remote(num_cpus=0)
+    def probe(mode: str):
+        import sys
+
+        from verl.trainer.ppo import core_algos
+        from verl.trainer.ppo.v1 import get_trainer_cls
+
+        from critic_audit.integrations.verl.options import read_options
+
+        cls = get_trainer_cls(mode)
+        return (cls.__module__, cls.__name__, read_options(), "mpo" in core_algos.ADV_ESTIMATOR_REGISTRY,
+                "critic_audit.integrations.verl.trainer" in sys.modules)
+
+    got = ray.get(probe.options(runtime_env={"env_vars": env_vars}).remote(cfg.trainer.v1.trainer_mode))
+    assert got == ("critic_audit.integrations.verl.trainer", "CriticAuditPPOTrainer", {"beta": 0.25}, True, True)
+
+
+# ----------------------------------------------------------------------------------------------
+# critic-audit train --engine verl
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["mpo", "grpo", "dr_grpo", "dapo", "gspo", "ppo", "vc_ppo", "vapo", "sao"])
+def test_every_algorithm_translates_to_a_config_verl_accepts(algo, critic_dir, tmp_path):
+    from critic_audit.integrations.verl.translate import verl_run_spec
+    from critic_audit.train import load_config
+
+    spec = verl_run_spec(load_config(None, [f"algo.name={algo}", f"model.policy={critic_dir}"]), tmp_path)
+    cfg = launcher.compose_verl_config(spec.overrides)
+    launcher.validate_options(spec.options)
+    a, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
+    want_est = {"mpo": "mpo", "ppo": "gae", "vc_ppo": "decoupled_gae", "vapo": "vapo", "sao": "sao"}.get(algo, "grpo")
+    assert a.adv_estimator == want_est
+    assert actor.policy_loss.loss_mode == {"mpo": "mpo", "gspo": "gspo", "sao": "sao"}.get(algo, "vanilla")
+    assert cfg.critic.enable is (algo in ("mpo", "ppo", "vc_ppo", "vapo", "sao"))
+    assert cfg.actor_rollout_ref.rollout.n == (4 if algo in ("mpo", "grpo", "dr_grpo", "dapo", "gspo") else 1)
+    if algo == "mpo":
+        assert spec.options["lam"] == 0.8 and spec.options["ratio_mode"] == "product"
+        assert spec.options["dump_dir"] == str((tmp_path / "rollouts").resolve())
+    if algo == "dapo":
+        assert actor.clip_ratio_high == 0.28 and a.filter_groups.enable is True
+    if algo == "dr_grpo":
+        assert a.norm_adv_by_std_in_grpo is False and actor.loss_agg_mode == "seq-mean-token-sum-norm"
+    if algo == "gspo":
+        assert actor.clip_ratio_low == 3e-4 and actor.loss_agg_mode == "seq-mean-token-mean"
+    if algo == "vapo":
+        assert any("NLL" in n for n in spec.notes)
+
+
+def test_train_engine_verl_dry_run_and_errors(critic_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from critic_audit.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["train", "--engine", "verl", "--out", str(out), "--algo", "mpo",
+                            "--set", f"model.policy={critic_dir}", "--set", "algo.advantage.beta=0.5",
+                            "--verl", "trainer.nnodes=2", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    launch = (out / "verl" / "launch.sh").read_text()
+    assert "-m critic_audit.integrations.verl.main" in launch and "critic_audit.beta=0.5" in launch
+    assert launch.index("trainer.nnodes=2") > launch.index("trainer.total_training_steps")  # the user's last
+    cfg = OmegaConf.load(out / "verl" / "config.yaml")
+    assert cfg.trainer.nnodes == 2 and cfg.trainer.v1.trainer_mode == "critic_audit_sync"
+    assert json.loads(cfg.ray_kwargs.ray_init.runtime_env.env_vars[OPTIONS_ENV])["beta"] == 0.5
+
+    def one_line_error(args, needle):
+        res = runner.invoke(app, ["train", "--engine", "verl", "--out", str(tmp_path / "x"), *args])
+        assert res.exit_code != 0
+        assert needle in res.output and "Traceback" not in res.output
+
+    one_line_error(["--set", f"model.policy={critic_dir}"], "data.train_files")
+    one_line_error(["--dry-run"], "model.policy = 'tiny'")
+    one_line_error(["--set", f"model.policy={critic_dir}", "--dry-run", "--verl", "trainer.nosuch=1"], "trainer.nosuch")
+    one_line_error(["--env", "credit", "--dry-run"], "--env")
