@@ -127,7 +127,10 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
     if inf.get("tokens_per_s"):
         lines += ["", "## Critic inference", "",
                   f"{inf.get('real_tokens')} tokens in {inf.get('seconds', 0):.1f} s ({inf['tokens_per_s']:.0f} tokens/s), "
-                  f"{inf.get('dtype')} on {inf.get('device')}, padding efficiency {_n(inf.get('padding_efficiency'))}; "
+                  f"{inf.get('dtype')} on {inf.get('device')}"
+                  + (f" ({inf['workers']} {inf['backend']} workers: {', '.join(inf['devices'])}; {inf.get('startup_seconds', 0):.1f} s "
+                     "to start them)" if inf.get("devices") else "")
+                  + f", padding efficiency {_n(inf.get('padding_efficiency'))}; "
                   f"critic `{inf.get('critic')}`."]
     lines += ["", "## Plots", ""]
     titles = dict(PLOTS)

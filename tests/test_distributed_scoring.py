@@ -4,6 +4,7 @@ bit, writes its chunks from the driver and resumes after a worker fails or dies.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 
@@ -142,6 +143,15 @@ def test_ray_equals_single_process(ray_session, spec, reference, tmp_path):
     assert st["backend"] == "ray" and len(st["devices"]) == 2 and all(d.endswith(":cpu") for d in st["devices"])
     assert st["resumed_chunks"] == 0 and st["n_chunks"] > 3
     assert ray_session.is_initialized()  # a session the caller started is left running
+
+
+def test_ray_workers_beyond_the_cluster_are_refused(ray_session, spec, tmp_path):
+    """Actors that cannot be placed would wait forever: refused before any is started."""
+    with pytest.raises(ConfigError, match="need 3 CPUs; the Ray cluster has 2"):
+        score_values_distributed(spec, _seqs(), tmp_path, workers=3, backend="ray", token_budget=BUDGET)
+    with pytest.raises(ConfigError, match="no GPU"):
+        score_values_distributed(dataclasses.replace(spec, device="cuda"), _seqs(), tmp_path, workers=1,
+                                 backend="ray", token_budget=BUDGET)
 
 
 def test_ray_missing_is_one_clear_error(spec, monkeypatch, tmp_path):

@@ -215,19 +215,24 @@ def _process_devices(device: str, workers: int) -> list[str]:
     return ["cpu"] * workers
 
 
-def _ray_device(ray: Any, device: str) -> str:
-    """``cuda`` or ``cpu`` for every actor: ``auto`` is cuda when the cluster has GPUs."""
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if device == "auto":
-        return "cuda" if gpus >= 1 else "cpu"
-    if device == "cuda":
-        if gpus < 1:
-            raise ConfigError("--device cuda: the Ray cluster has no GPU", fix="start GPU nodes, or use --device cpu")
-        return "cuda"
-    if device == "cpu":
-        return "cpu"
-    raise ConfigError(f"invalid device {device!r} for the ray backend (Ray assigns the GPUs)",
-                      fix="use auto, cpu or cuda")
+def _ray_device(ray: Any, device: str, workers: int, threads: int) -> str:
+    """``cuda`` or ``cpu`` for every actor (``auto``: cuda when the cluster has GPUs), checked against
+    the cluster's resources: actors that cannot be placed would wait forever."""
+    res = ray.cluster_resources()
+    gpus, cpus = int(res.get("GPU", 0)), int(res.get("CPU", 0))
+    if device not in ("auto", "cuda", "cpu"):
+        raise ConfigError(f"invalid device {device!r} for the ray backend (Ray assigns the GPUs)",
+                          fix="use auto, cpu or cuda")
+    if device == "cuda" and gpus < 1:
+        raise ConfigError("--device cuda: the Ray cluster has no GPU", fix="start GPU nodes, or use --device cpu")
+    kind = "cuda" if device == "cuda" or (device == "auto" and gpus >= 1) else "cpu"
+    if kind == "cuda" and workers > gpus:
+        raise ConfigError(f"{workers} workers need one GPU each; the Ray cluster has {gpus}",
+                          fix=f"use --workers {gpus}, or add GPU nodes with `ray start --address ...`")
+    if kind == "cpu" and workers * threads > cpus:
+        raise ConfigError(f"{workers} workers of {threads} CPU(s) each need {workers * threads} CPUs; the Ray "
+                          f"cluster has {cpus}", fix=f"use --workers {max(1, cpus // threads)}, or add nodes")
+    return kind
 
 
 def _worker_error(w: int, k: int, exc: BaseException, written: int, total: int) -> CriticAuditError:
@@ -315,7 +320,7 @@ def score_values_distributed(
         started_ray = True
     try:
         if ray is not None:
-            device_type = _ray_device(ray, critic.device)
+            device_type = _ray_device(ray, critic.device, workers, threads or 1)
             devices = [device_type] * workers
             threads = threads or (None if device_type == "cuda" else 1)
         else:
