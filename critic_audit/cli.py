@@ -451,15 +451,19 @@ def train(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value: --set optim.lr=3e-4 (repeatable).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from its latest checkpoint.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
-    engine: Annotated[str, typer.Option(help="builtin (this machine) or verl (Ray, FSDP, vLLM/SGLang; needs the [verl] extra; docs/verl.md).")] = "builtin",
+    engine: Annotated[str, typer.Option(help="builtin (this machine) or verl (Ray, FSDP, vLLM/SGLang; needs the critic-audit\\[verl] extra; docs/verl.md).")] = "builtin",
     verl: Annotated[Optional[list[str]], typer.Option("--verl", help="A verl override for --engine verl: --verl data.train_files=train.parquet (repeatable).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="--engine verl: write OUT/verl/launch.sh and config.yaml, do not launch.")] = False,
 ) -> None:
     """Train a policy (and critic) with MPO or a baseline on a multi-turn environment."""
     if engine not in ("builtin", "verl"):
-        _fail(ConfigError(f"--engine {engine!r}", fix="use builtin or verl"))
+        _fail(ConfigError(f"unknown engine {engine!r}", fix="use --engine builtin or --engine verl"))
         return
     if engine == "verl":
+        if resume:
+            _fail(ConfigError("--resume belongs to the built-in trainer; verl resumes a run from its latest "
+                              "checkpoint by itself (trainer.resume_mode=auto)", fix="rerun OUT/verl/launch.sh"))
+            return
         _train_verl(out_dir, config, algo, steps, seed, set_, verl or [], dry_run, env)
         return
     if verl or dry_run:

@@ -325,12 +325,18 @@ def test_options_are_checked():
         launcher.split_overrides(["critic_audit.lam=high"])
     with pytest.raises(ConfigError, match="not JSON"):
         read_options({OPTIONS_ENV: "{lam"})
+    with pytest.raises(ConfigError, match=r"critic_audit.lam = 1.5 is outside \[0, 1\]"):
+        launcher.split_overrides(["critic_audit.lam=1.5"])
+    with pytest.raises(ConfigError, match="dump_dir unset"):
+        launcher.split_overrides(["critic_audit.dump_every=0"])
+    with pytest.raises(ConfigError, match="beta = -1 must be >= 0"):
+        launcher.split_overrides(["critic_audit.beta=-1"])
 
 
 def test_launcher_composes_verl_config_with_plugin_defaults(monkeypatch):
     monkeypatch.delenv("VERL_USE_EXTERNAL_MODULES", raising=False)
     cfg, opts = launcher.build(["algorithm.adv_estimator=mpo", "critic_audit.lam=0.75",
-                                "actor_rollout_ref.actor.policy_loss.loss_mode=mpo"])
+                                "actor_rollout_ref.actor.policy_loss.loss_mode=mpo"], check=False)
     assert opts == {"lam": 0.75}
     assert cfg.trainer.v1.trainer_mode == "critic_audit_sync"
     assert cfg.critic.enable is True
@@ -339,7 +345,7 @@ def test_launcher_composes_verl_config_with_plugin_defaults(monkeypatch):
     assert env["VERL_USE_EXTERNAL_MODULES"] == "critic_audit.integrations.verl.trainer"
     assert os.environ[OPTIONS_ENV] == env[OPTIONS_ENV]
     # user's choices win
-    cfg2, _ = launcher.build(["algorithm.adv_estimator=grpo", "trainer.v1.trainer_mode=sync"])
+    cfg2, _ = launcher.build(["algorithm.adv_estimator=grpo", "trainer.v1.trainer_mode=sync"], check=False)
     assert cfg2.trainer.v1.trainer_mode == "sync" and cfg2.critic.enable is None
 
 
@@ -349,6 +355,11 @@ def test_launcher_errors_are_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err)
     assert "no_such.key" in err[1]
+    # verl's own checks (here: no micro-batch size) run before anything starts, as one line
+    assert launcher.main(["--print-config", "algorithm.adv_estimator=mpo"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert cap.err.strip().splitlines()[-1].startswith("error: verl rejected the configuration: [actor] Please set")
 
 
 def test_jagged_rows_to_padded_batch():
@@ -443,7 +454,7 @@ def test_ray_workers_get_the_options_and_our_trainer(transfer_queue, monkeypatch
     import ray
 
     monkeypatch.delenv("VERL_USE_EXTERNAL_MODULES", raising=False)
-    cfg, _ = launcher.build(["algorithm.adv_estimator=mpo", "critic_audit.beta=0.25"])
+    cfg, _ = launcher.build(["algorithm.adv_estimator=mpo", "critic_audit.beta=0.25"], check=False)
     env_vars = dict(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
 
     @ray.remote(num_cpus=0)
@@ -475,6 +486,7 @@ def test_every_algorithm_translates_to_a_config_verl_accepts(algo, critic_dir, t
 
     spec = verl_run_spec(load_config(None, [f"algo.name={algo}", f"model.policy={critic_dir}"]), tmp_path)
     cfg = launcher.compose_verl_config(spec.overrides)
+    launcher.check_config(cfg)  # verl's validate_config: batch and micro-batch sizes, typed worker configs
     launcher.validate_options(spec.options)
     a, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
     want_est = {"mpo": "mpo", "ppo": "gae", "vc_ppo": "decoupled_gae", "vapo": "vapo", "sao": "sao"}.get(algo, "grpo")
@@ -522,3 +534,11 @@ def test_train_engine_verl_dry_run_and_errors(critic_dir, tmp_path):
     one_line_error(["--dry-run"], "model.policy = 'tiny'")
     one_line_error(["--set", f"model.policy={critic_dir}", "--dry-run", "--verl", "trainer.nosuch=1"], "trainer.nosuch")
     one_line_error(["--env", "credit", "--dry-run"], "--env")
+    one_line_error(["--engine", "foo"], "unknown engine 'foo'")
+    one_line_error(["--resume", "--dry-run"], "resumes a run")
+    bad = tmp_path / "bad"
+    one_line_error(["--set", f"model.policy={critic_dir}", "--dry-run", "--set", "algo.advantage.lam=2"],
+                   "algo.advantage.lam = 2")
+    res = runner.invoke(app, ["train", "--engine", "verl", "--out", str(bad), "--set", f"model.policy={critic_dir}",
+                              "--dry-run", "--verl", "trainer.nosuch=1"])
+    assert res.exit_code != 0 and not (bad / "verl" / "launch.sh").exists()  # nothing written for a refused config

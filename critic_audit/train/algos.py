@@ -68,6 +68,10 @@ def _replace(config: Any, overrides: dict[str, Any], what: str) -> Any:
         return dataclasses.replace(config, **fixed)
     except TypeError as e:  # a value the config's checks cannot compare
         raise ConfigError(f"bad value in {what} ({e})") from None
+    except ConfigError as e:  # name the full key: "lam = 2 ..." -> "algo.advantage.lam = 2 ..."
+        if e.problem.split(" ", 1)[0] in names:
+            raise ConfigError(f"{what}.{e.problem}", fix=e.fix) from None
+        raise
 
 
 def build_algorithm(cfg: AlgoConfig, group_size: int | None, max_response_tokens: int) -> Algorithm:

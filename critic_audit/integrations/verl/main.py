@@ -14,7 +14,8 @@ verl's ``python -m verl.trainer.main_ppo`` does, with four differences:
 4. ``critic.enable`` defaults to true when ``algorithm.adv_estimator`` is one of ours (they all need a
    critic; verl turns its critic on for ``gae`` only).
 
-``--print-config`` prints the composed configuration (YAML) and exits without starting Ray.
+``--print-config`` prints the composed configuration (YAML) after verl's ``validate_config`` has
+accepted it, and exits without starting Ray.
 Errors in the options or the overrides stop with one line (``CRITIC_AUDIT_DEBUG=1``: traceback).
 """
 
@@ -30,7 +31,7 @@ from typing import Any
 from critic_audit.errors import ConfigError, CriticAuditError
 from critic_audit.integrations.verl.options import OPTIONS_ENV, validate_options
 
-__all__ = ["compose_verl_config", "main", "parse_value", "prepare_environment", "split_overrides"]
+__all__ = ["compose_verl_config", "check_config", "main", "parse_value", "prepare_environment", "split_overrides"]
 
 TRAINER_MODULE = "critic_audit.integrations.verl.trainer"
 TRAINER_MODE = "critic_audit_sync"
@@ -137,28 +138,61 @@ def _attach_worker_env(config: Any, worker_env: dict[str, str]) -> None:
         OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{k}", v, force_add=True)
 
 
-def build(args: Sequence[str]) -> tuple[Any, dict[str, Any]]:
-    """Options and composed verl config from the command line (no side effect but the environment)."""
+def _root_message(e: BaseException) -> str:
+    """The innermost cause's message, on one line (Hydra wraps the dataclass checks' errors)."""
+    while (e.__cause__ or e.__context__) is not None and str(e.__cause__ or e.__context__):
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def check_config(config: Any) -> None:
+    """verl's own ``validate_config`` (what its entry point runs before starting Ray: batch sizes,
+    micro-batch sizes, the typed worker configs), with its output on stderr.
+
+    Raises:
+        ConfigError: verl refused the configuration (its message, on one line).
+    """
+    import contextlib
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    if not config.trainer.use_v1:
+        raise ConfigError("trainer.use_v1=False selects verl's legacy trainer, which this launcher does not wrap",
+                          fix="keep trainer.use_v1=True (verl's default)")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            auto_set_device(config)
+            validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                            use_critic=need_critic(config))
+    except Exception as e:  # noqa: BLE001  (verl raises assertions and Hydra instantiation errors)
+        raise ConfigError(f"verl rejected the configuration: {_root_message(e)}",
+                          fix="set the key it names (`--print-config` shows the composed configuration)") from None
+
+
+def build(args: Sequence[str], *, check: bool = True) -> tuple[Any, dict[str, Any]]:
+    """Options and composed verl config from the command line (no side effect but the environment);
+    checked by verl's ``validate_config`` unless ``check`` is false."""
     options, rest = split_overrides(args)
     overrides = rest + default_overrides(rest)
     worker_env = prepare_environment(options)
     config = compose_verl_config(overrides)
     _attach_worker_env(config, worker_env)
+    if check:
+        check_config(config)
     return config, options
 
 
 def run(config: Any) -> None:
-    """What verl's ``main_ppo.main`` does with a composed config: validate, start Ray, train."""
+    """What verl's ``main_ppo.main`` does with a composed, checked config: start Ray, train."""
+    import torch
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
-    from verl.utils.device import auto_set_device
 
-    auto_set_device(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    if not config.trainer.use_v1:
-        raise ConfigError("trainer.use_v1=False selects verl's legacy trainer, which this launcher does not wrap",
-                          fix="keep trainer.use_v1=True (verl's default)")
+    if not torch.cuda.is_available() and config.actor_rollout_ref.rollout.name in ("vllm", "sglang", "trtllm"):
+        sys.stderr.write(f"warning: no GPU visible; verl's {config.actor_rollout_ref.rollout.name} rollout needs one, "
+                         "and Ray will wait for GPU resources that never come (stop with Ctrl-C)\n")
     run_ppo(config, task_runner_class=TaskRunnerV1)
 
 

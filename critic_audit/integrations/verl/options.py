@@ -78,7 +78,15 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
                               fix=f"give a {getattr(want, '__name__', 'number')}")
         out[key] = value
     if out.get("ratio_mode", "product") not in ("product", "geomean"):
-        raise ConfigError(f"critic_audit.ratio_mode = {out['ratio_mode']!r}", fix="use 'product' or 'geomean'")
+        raise ConfigError(f"critic_audit.ratio_mode = {out['ratio_mode']!r} is not a turn-ratio mode",
+                          fix="use 'product' (the paper) or 'geomean'")
+    for key in ("lam", "lam_intra", "lam_critic", "lam_actor"):
+        if key in out and not 0.0 <= out[key] <= 1.0:
+            raise ConfigError(f"critic_audit.{key} = {out[key]} is outside [0, 1]", fix=f"set critic_audit.{key} in [0, 1]")
+    for key, bound in (("beta", ">= 0"), ("alpha", "> 0"), ("log_ratio_clamp", "> 0"), ("dump_every", ">= 1")):
+        if key in out and (out[key] < 0 or (out[key] == 0 and bound != ">= 0")):
+            fix = "leave critic_audit.dump_dir unset to write no rollouts" if key == "dump_every" else f"set it {bound}"
+            raise ConfigError(f"critic_audit.{key} = {out[key]} must be {bound}", fix=fix)
     return out
 
 

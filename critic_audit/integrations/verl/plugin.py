@@ -179,7 +179,7 @@ def _make_estimator(verl_name: str, ours: str):
             raise CriticValuesMissing(
                 f"verl called the advantage estimator {verl_name!r} without critic values",
                 fix="launch with `python -m critic_audit.integrations.verl.main` (or wrap verl's trainer in "
-                    "critic_audit.integrations.verl.values_to_estimators()) and keep critic.enable=True",
+                    "critic_audit.integrations.verl.trainer.values_to_estimators()) and keep critic.enable=True",
             )
         rewards, _moved = move_masked_rewards(token_level_rewards.float(), response_mask)
         batch = RolloutBatch(

@@ -20,13 +20,17 @@ ours                            verl
 ``rollout.prompts_per_step``    ``data.train_batch_size``
 ``rollout.group_size``          ``actor_rollout_ref.rollout.n``
 ``rollout.temperature``         ``actor_rollout_ref.rollout.temperature``
-``optim.lr`` / ``critic_lr``    ``actor.optim.lr`` / ``critic.optim.lr``
+``optim.lr`` / ``critic_lr``    ``actor.optim.lr`` / ``critic.optim.lr`` (only when set: the built-in
+                                defaults suit its tiny model, verl's a real one)
 ``optim.ppo_epochs``            ``actor.ppo_epochs``, ``critic.ppo_epochs``
 ``optim.num_minibatches``       ``actor.ppo_mini_batch_size`` = prompts per step / num_minibatches
+``optim.micro_batch_size``      ``*.ppo_micro_batch_size_per_gpu``, ``*.log_prob_micro_batch_size_per_gpu``
+                                (default min(4, rollouts per mini-batch))
 ``optim.grad_clip``             ``actor.grad_clip``, ``critic.grad_clip``
-``env.max_turns``               ``actor_rollout_ref.rollout.multi_turn.max_assistant_turns``
-``env.max_new_tokens``          ``data.max_response_length`` (x ``env.max_turns``: verl bounds the whole
-                                multi-turn response)
+``env.max_turns``               ``actor_rollout_ref.rollout.multi_turn.max_assistant_turns`` (with
+                                ``multi_turn.enable`` and the ``tool_agent`` loop)
+``env.max_new_tokens``          ``data.max_response_length`` = max_new_tokens x max_turns (verl bounds the
+                                whole multi-turn response; only when set)
 ``log.save_every``              ``trainer.save_freq``
 ``log.rollouts_every``          ``critic_audit.dump_every`` (rollouts with values in ``OUT/rollouts``)
 ==============================  ============================================================================
@@ -146,7 +150,7 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
         notes.append(f"{cfg.algo.name}: the positive-sample NLL term (coefficient {algo.nll_coef}) has no verl "
                      "counterpart and is left out")
     if algo.uses_critic:
-        ov += ["critic.enable=True", f"critic.optim.lr={cfg.optim.critic_lr}", f"critic.ppo_epochs={cfg.optim.ppo_epochs}"]
+        ov += ["critic.enable=True", f"critic.ppo_epochs={cfg.optim.ppo_epochs}"]
         if cfg.optim.grad_clip is not None:
             ov.append(f"critic.grad_clip={cfg.optim.grad_clip}")
     else:
@@ -165,6 +169,9 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
         raise ConfigError(f"rollout.prompts_per_step = {n_prompts} is not divisible by optim.num_minibatches = "
                           f"{cfg.optim.num_minibatches} (verl's mini-batches hold whole prompt groups)",
                           fix="make prompts_per_step a multiple of num_minibatches")
+    mini = n_prompts // cfg.optim.num_minibatches
+    # rollouts per GPU in one forward/backward (verl requires it): ours, or 4 (at most a mini-batch's rollouts)
+    micro = cfg.optim.micro_batch_size or min(4, mini * algo.group_size)
     ov += [
         f"trainer.total_training_steps={cfg.steps}",
         f"data.seed={cfg.seed}",
@@ -172,22 +179,47 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
         f"data.train_batch_size={n_prompts}",
         f"actor_rollout_ref.rollout.n={algo.group_size}",
         f"actor_rollout_ref.rollout.temperature={cfg.rollout.temperature}",
-        f"actor_rollout_ref.actor.optim.lr={cfg.optim.lr}",
         f"actor_rollout_ref.actor.ppo_epochs={cfg.optim.ppo_epochs}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={n_prompts // cfg.optim.num_minibatches}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
+        # multi-turn: verl's tool agent loop (tools from rollout.multi_turn.tool_config_path)
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
         f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={cfg.env.max_turns}",
-        f"data.max_response_length={cfg.env.max_new_tokens * cfg.env.max_turns}",
         f"trainer.save_freq={cfg.log.save_every}",
         f"trainer.default_local_dir={out / 'checkpoints'}",
         "trainer.logger=[console]",
         f"trainer.experiment_name={out.name}",
     ]
+    if algo.uses_critic:
+        ov.append(f"critic.ppo_micro_batch_size_per_gpu={micro}")
+    # values sized for the built-in trainer's tiny model are not carried; verl's defaults stay unless set
+    defaults = TrainConfig()
+    kept = []
+    if cfg.optim.lr != defaults.optim.lr:
+        ov.append(f"actor_rollout_ref.actor.optim.lr={cfg.optim.lr}")
+    else:
+        kept.append("optim.lr (verl: actor lr 1e-6)")
+    if algo.uses_critic:
+        if cfg.optim.critic_lr != defaults.optim.critic_lr:
+            ov.append(f"critic.optim.lr={cfg.optim.critic_lr}")
+        else:
+            kept.append("optim.critic_lr (verl: critic lr 1e-5)")
+    if cfg.env.max_new_tokens != defaults.env.max_new_tokens or cfg.env.max_turns != defaults.env.max_turns:
+        ov.append(f"data.max_response_length={cfg.env.max_new_tokens * cfg.env.max_turns}")
+    else:
+        kept.append("env.max_new_tokens (verl: data.max_response_length 512 for the whole multi-turn response)")
+    if kept:
+        notes.append("left at verl's defaults, set them with --set to carry ours: " + "; ".join(kept))
     if cfg.optim.grad_clip is not None:
         ov.append(f"actor_rollout_ref.actor.grad_clip={cfg.optim.grad_clip}")
     if cfg.log.rollouts_every > 0:
         options.update(dump_dir=str(out / "rollouts"), dump_every=cfg.log.rollouts_every)
-    notes.append(f"env.name = {cfg.env.name!r} is the built-in trainer's: verl runs its own agent loop on the "
-                 "prompts of data.train_files (give them with --verl)")
+    if cfg.env.name != defaults.env.name:
+        notes.append(f"env.name = {cfg.env.name!r} is the built-in trainer's: verl runs its own agent loop on the "
+                     "prompts of data.train_files (give them with --verl)")
     if algo.uses_critic and cfg.optim.value_warmup_steps:
         ov.append(f"trainer.critic_warmup={cfg.optim.value_warmup_steps}")
     return VerlRunSpec(overrides=ov + list(extra), options=options, notes=notes)
@@ -222,13 +254,14 @@ def write_verl_run(spec: VerlRunSpec, out_dir: str | Path, python: str | None = 
         "set -euo pipefail\n"
         f"exec {shlex.quote(py)} -m {LAUNCHER} \\\n    {lines} \\\n    \"$@\"\n"
     )
-    launch = folder / "launch.sh"
-    write_text_atomic(script, launch)
-    launch.chmod(0o755)
+    # verl composes and checks the configuration first: nothing is written for one it refuses
     proc = subprocess.run([py, "-m", LAUNCHER, "--print-config", *argv], capture_output=True, text=True)
     if proc.returncode != 0:
         msg = (proc.stderr.strip().splitlines() or ["verl could not compose the configuration"])[-1]
-        raise ConfigError(msg.removeprefix("error: "), path=str(launch))
+        raise ConfigError(msg.removeprefix("error: "))
     config = folder / "config.yaml"
     write_text_atomic(proc.stdout, config)
+    launch = folder / "launch.sh"
+    write_text_atomic(script, launch)
+    launch.chmod(0o755)
     return {"launch": launch, "config": config}
