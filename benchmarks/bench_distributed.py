@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    ap.add_argument("--token-budget", type=int, default=4096)
+    ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--chunk-tokens", type=int, default=2048, help="small chunks, so every worker gets several")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray backend")
     args = ap.parse_args()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -27,7 +28,7 @@ from critic_audit.critic.distributed import (
     _cpu_count,
     _process_devices,
 )
-from critic_audit.errors import ConfigError, ScoringError
+from critic_audit.errors import CheckpointError, ConfigError, ScoringError
 
 LENGTHS = [57, 3, 40, 1, 0, 33, 21, 64, 18, 45, 9, 28, 50, 12]
 BUDGET = 128
@@ -133,6 +134,21 @@ def test_resume_after_worker_failure_and_death(spec, reference, tmp_path, monkey
     vals = score_values_distributed(spec, _seqs(), cache, stats=st, **kw)
     assert st["resumed_chunks"] == second and 0 < second < st["n_chunks"]
     assert _same(vals, reference)
+
+
+@pytest.mark.parametrize("backend", ["processes", "ray"])
+def test_a_worker_load_error_is_the_error(backend, request, critic_path, tmp_path):
+    """The driver reads the head and tokenizer only; a backbone the workers cannot build surfaces as
+    the worker's own CheckpointError (path and fix), not as a dead worker."""
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    broken = tmp_path / "critic"
+    shutil.copytree(critic_path, broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**cfg, "hidden_size": 48, "head_dim": 12}))  # weights do not fit
+    spec = CriticSpec(str(broken), device="cpu", dtype="float32")
+    with pytest.raises(CheckpointError, match="backbone's hidden size is 48"):
+        score_values_distributed(spec, _seqs(), tmp_path / "cache", workers=1, backend=backend, token_budget=BUDGET)
 
 
 def test_ray_equals_single_process(ray_session, spec, reference, tmp_path):

@@ -95,18 +95,21 @@ class CriticSpec:
 
 
 class ChunkScorer:
-    """A worker: loads the critic once on ``device`` and scores chunks (a Ray actor class as is)."""
+    """A worker (a Ray actor class as is): :meth:`ready` loads the critic on ``device`` once, then
+    :meth:`score` scores chunks. Loading in a method rather than in ``__init__`` brings a load error
+    back as that call's exception, on both backends."""
 
     def __init__(self, spec: CriticSpec, device: str, threads: int | None) -> None:
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
-        self.critic = spec.load(device)
+        self.spec, self.device, self.threads = spec, device, threads
+        self.critic: Critic | None = None
         self.scored = 0
 
     def ready(self) -> dict:
-        """Where the worker runs and the fingerprint of the critic it loaded."""
+        """Load the critic; returns where the worker runs and the fingerprint of what it loaded."""
+        if self.critic is None:
+            if self.threads:
+                torch.set_num_threads(self.threads)
+            self.critic = self.spec.load(self.device)
         return {"host": socket.gethostname(), "pid": os.getpid(), "device": str(self.critic.device),
                 "fingerprint": critic_fingerprint(self.critic)}
 
@@ -118,6 +121,8 @@ class ChunkScorer:
             if after.endswith(":exit"):
                 os._exit(3)
             raise RuntimeError(f"{FAIL_ENV}={after}: injected failure")
+        if self.critic is None:
+            self.ready()
         vals, st = score_chunk(self.critic, sequences, n_batches, token_budget=token_budget,
                                attention_mask=attention_mask)
         self.scored += 1
@@ -130,8 +135,7 @@ _SCORER: ChunkScorer | None = None
 
 
 def _in_process(init: tuple, method: str, *args: Any) -> Any:
-    """Run ``method`` on this process's :class:`ChunkScorer` (created on the first call, so that a
-    load error comes back as the task's exception)."""
+    """Run ``method`` on this worker process's :class:`ChunkScorer` (made on the first call)."""
     global _SCORER
     if _SCORER is None:
         _SCORER = ChunkScorer(*init)
