@@ -206,6 +206,7 @@ def analyze(
     workers: Annotated[int, typer.Option(help="Critic scoring workers, one device each (worker i on cuda:i); 1 scores in this process. Values are identical.")] = 1,
     backend: Annotated[str, typer.Option(help="How the workers run: processes (this machine) or ray (Ray actors, across nodes).")] = "processes",
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join with --backend ray: auto (the one `ray start` made) or host:port; default a local one.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="Torch CPU threads for scoring, per worker with --workers (default: torch's in-process, the cores divided among workers). CPU values are bit-identical across --workers at the same --threads.")] = None,
 ) -> None:
     """Score rollouts with a critic and decompose its values into between-turn and within-turn variance."""
     try:
@@ -228,7 +229,7 @@ def analyze(
         acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed, group_by=tuple(group_by or ()))
         scoring = [ScoringConfig(critic=str(c), device=device, dtype=dtype, token_budget=token_budget,
                                  trust_remote_code=trust_remote_code, workers=workers, backend=backend,
-                                 ray_address=ray_address) for c in (critic or [])] or None
+                                 ray_address=ray_address, threads=threads) for c in (critic or [])] or None
         from critic_audit.critic.options import cache_root_for, pickle_allowed, scoring_cache
 
         with _Bar(enabled=not as_json or err.is_terminal) as bar, pickle_allowed(allow_pickle), \

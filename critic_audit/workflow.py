@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,9 @@ class ScoringConfig:
         backend: how several workers run: ``processes`` (one per GPU of this machine) or ``ray``
             (Ray actors, across nodes; also with one worker). See ``critic_audit.critic.distributed``.
         ray_address: the Ray cluster to join (``auto``: the one ``ray start`` made; None: a local one).
+        threads: torch CPU threads for scoring, in this process or per worker (None: torch's default
+            in-process; the CPUs divided among the workers). On CPU, values are bit-identical across
+            ``workers`` only at the same threads (oneDNN rounds differently at another count).
     """
 
     critic: str
@@ -67,8 +70,11 @@ class ScoringConfig:
     workers: int = 1
     backend: str = "processes"
     ray_address: str | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}", fix="use e.g. --threads 1")
         if self.token_budget < 1:
             raise ConfigError(f"--token-budget must be at least 1, got {self.token_budget}",
                               fix="use e.g. --token-budget 16384")
@@ -677,11 +683,15 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
         if cache_dir is not None:
             inference["scoring_cache"] = {k: stats.get(k) for k in ("cache_dir", "n_chunks", "resumed_chunks")}
     elif cache_dir is not None:
-        values = score_values_cached(critic, seqs, cache_dir, token_budget=scoring.token_budget, progress=prog,
-                                     stats=stats, keep=keep_cache, **kw)
+        with _torch_threads(scoring.threads):
+            values = score_values_cached(critic, seqs, cache_dir, token_budget=scoring.token_budget, progress=prog,
+                                         stats=stats, keep=keep_cache, **kw)
         inference["scoring_cache"] = {k: stats.get(k) for k in ("cache_dir", "n_chunks", "resumed_chunks")}
     else:
-        values = score_values(critic, seqs, token_budget=scoring.token_budget, progress=prog, stats=stats)
+        with _torch_threads(scoring.threads):
+            values = score_values(critic, seqs, token_budget=scoring.token_budget, progress=prog, stats=stats)
+    if scoring.threads is not None:
+        inference["threads"] = scoring.threads
     scored = pl.concat([
         g.with_columns(value=pl.Series(v, dtype=pl.Float32).fill_nan(None)) for g, v in zip(groups, values)
     ])
@@ -689,6 +699,22 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
     inference.update({k: stats.get(k) for k in ("n_sequences", "real_tokens", "computed_tokens",
                                                   "padding_efficiency", "seconds", "tokens_per_s")})
     return pl.concat([rest, scored]).sort(["trajectory_id", "position"], maintain_order=True)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(n)`` for the block (nothing when None); the previous count after."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _score_distributed(info: Any, seqs: list, scoring: ScoringConfig, cache_dir: str | Path | None, keep: bool,
@@ -704,7 +730,7 @@ def _score_distributed(info: Any, seqs: list, scoring: ScoringConfig, cache_dir:
             contextlib.nullcontext(cache_dir) as root:
         return score_values_distributed(spec, seqs, root, workers=scoring.workers, backend=scoring.backend,
                                         ray_address=scoring.ray_address, token_budget=scoring.token_budget,
-                                        progress=progress, stats=stats, keep=keep, info=info, **kw)
+                                        threads=scoring.threads, progress=progress, stats=stats, keep=keep, info=info, **kw)
 
 
 def fit_critic(

@@ -249,3 +249,26 @@ def test_cli_ray_backend(ray_session, critic_path, tmp_path):
     assert pl.read_parquet(tmp_path / "one" / "tokens.parquet").equals(pl.read_parquet(tmp_path / "ray" / "tokens.parquet"))
     inf = json.loads((tmp_path / "ray" / "summary.json").read_text())["inference"]
     assert inf["backend"] == "ray" and inf["workers"] == 2 and "scoring_cache" not in inf
+
+
+def test_cli_threads_make_workers_identical_without_pinning(critic_path, tmp_path):
+    """--threads 1 in-process and --threads 1 per worker: the same tables, whatever torch's default."""
+    import torch
+    from typer.testing import CliRunner
+
+    from critic_audit.cli import app
+
+    rollouts = _write_rollouts(tmp_path / "rollouts.json")
+    base = ["analyze", str(rollouts), "--critic", str(critic_path), "--bootstrap", "50", "--no-plots", "--json",
+            "--threads", "1"]
+    runner = CliRunner()
+    before = torch.get_num_threads()
+    one = runner.invoke(app, [*base, "--out", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    assert torch.get_num_threads() == before  # restored after scoring
+    two = runner.invoke(app, [*base, "--out", str(tmp_path / "two"), "--workers", "2"])
+    assert two.exit_code == 0, two.output
+    assert pl.read_parquet(tmp_path / "one" / "tokens.parquet").equals(pl.read_parquet(tmp_path / "two" / "tokens.parquet"))
+    assert json.loads((tmp_path / "one" / "summary.json").read_text())["inference"]["threads"] == 1
+    bad = runner.invoke(app, [*base[:-2], "--threads", "0", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code != 0 and "--threads must be at least 1" in bad.output
