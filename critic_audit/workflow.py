@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -660,6 +660,7 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
     (``critic_audit.critic.score_values_distributed``; without a cache, in a temporary folder)."""
     from critic_audit.critic import score_values
     from critic_audit.critic.cache import current_options, score_values_cached
+    from critic_audit.critic.infer import torch_threads
 
     opts = current_options()
     if cache_dir is None and opts is not None and opts.resume:
@@ -683,12 +684,12 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
         if cache_dir is not None:
             inference["scoring_cache"] = {k: stats.get(k) for k in ("cache_dir", "n_chunks", "resumed_chunks")}
     elif cache_dir is not None:
-        with _torch_threads(scoring.threads):
+        with torch_threads(scoring.threads):
             values = score_values_cached(critic, seqs, cache_dir, token_budget=scoring.token_budget, progress=prog,
                                          stats=stats, keep=keep_cache, **kw)
         inference["scoring_cache"] = {k: stats.get(k) for k in ("cache_dir", "n_chunks", "resumed_chunks")}
     else:
-        with _torch_threads(scoring.threads):
+        with torch_threads(scoring.threads):
             values = score_values(critic, seqs, token_budget=scoring.token_budget, progress=prog, stats=stats)
     if scoring.threads is not None:
         inference["threads"] = scoring.threads
@@ -699,22 +700,6 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
     inference.update({k: stats.get(k) for k in ("n_sequences", "real_tokens", "computed_tokens",
                                                   "padding_efficiency", "seconds", "tokens_per_s")})
     return pl.concat([rest, scored]).sort(["trajectory_id", "position"], maintain_order=True)
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int | None) -> Iterator[None]:
-    """``torch.set_num_threads(n)`` for the block (nothing when None); the previous count after."""
-    if n is None:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _score_distributed(info: Any, seqs: list, scoring: ScoringConfig, cache_dir: str | Path | None, keep: bool,

@@ -3,7 +3,6 @@ bit, writes its chunks from the driver and resumes after a worker fails or dies.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import shutil
@@ -29,6 +28,7 @@ from critic_audit.critic.distributed import (
     _process_devices,
 )
 from critic_audit.errors import CheckpointError, ConfigError, ScoringError
+from critic_audit.critic.infer import torch_threads
 
 LENGTHS = [57, 3, 40, 1, 0, 33, 21, 64, 18, 45, 9, 28, 50, 12]
 BUDGET = 128
@@ -42,18 +42,6 @@ def _seqs() -> list[np.ndarray]:
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b))
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """CPU kernels may round differently at another thread count: the single-process reference runs
-    at the threads of one worker."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +241,6 @@ def test_cli_ray_backend(ray_session, critic_path, tmp_path):
 
 def test_cli_threads_make_workers_identical_without_pinning(critic_path, tmp_path):
     """--threads 1 in-process and --threads 1 per worker: the same tables, whatever torch's default."""
-    import torch
     from typer.testing import CliRunner
 
     from critic_audit.cli import app

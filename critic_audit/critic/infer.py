@@ -16,9 +16,10 @@ not even passed by default (``attention_mask=False``), which keeps SDPA on its f
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,23 @@ from critic_audit.critic.load import Critic
 from critic_audit.errors import ConfigError
 
 Progress = Callable[[int, int], None]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(n)`` for the block, the previous count after (nothing when None).
+
+    CPU kernels (oneDNN) round differently at another thread count, so bit-identical values across
+    runs need the same threads."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def plan_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
