@@ -203,7 +203,7 @@ def analyze(
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Write critic scores chunk by chunk to <out>.scoring-cache/ and resume an interrupted run from it (removed after success).")] = True,
     keep_scoring_cache: Annotated[bool, typer.Option("--keep-scoring-cache", help="Keep <out>.scoring-cache/ after success.")] = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read pickle critic weights (*.bin, *.pt, verl FSDP shards) with torch.load(weights_only=True).")] = False,
-    workers: Annotated[int, typer.Option(help="Critic scoring workers, one device each (worker i on cuda:i); 1 scores in this process. Values are identical.")] = 1,
+    workers: Annotated[int, typer.Option(help="Critic scoring workers, one device each (worker i on cuda:i); 1 scores in this process. Values are identical at the same --threads (CPU) or device kind.")] = 1,
     backend: Annotated[str, typer.Option(help="How the workers run: processes (this machine) or ray (Ray actors, across nodes).")] = "processes",
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster to join with --backend ray: auto (the one `ray start` made) or host:port; default a local one.")] = None,
     threads: Annotated[Optional[int], typer.Option(help="Torch CPU threads for scoring, per worker with --workers (default: torch's in-process, the cores divided among workers). CPU values are bit-identical across --workers at the same --threads.")] = None,
@@ -239,6 +239,13 @@ def analyze(
                               stream=stream, overwrite=overwrite)
     except typer.Exit:
         raise
+    except KeyboardInterrupt:
+        from critic_audit.critic.options import cache_root_for
+
+        kept = cache_root_for(out_dir)
+        where = f"the critic scores written so far are kept in {kept}/; " if resume and kept.exists() else ""
+        err.print(f"interrupted: {where}rerun the same command to resume", soft_wrap=True)
+        raise typer.Exit(130) from None
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         _fail(e)
         return

@@ -128,7 +128,7 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
         lines += ["", "## Critic inference", "",
                   f"{inf.get('real_tokens')} tokens in {inf.get('seconds', 0):.1f} s ({inf['tokens_per_s']:.0f} tokens/s), "
                   f"{inf.get('dtype')} on {inf.get('device')}"
-                  + (f" ({inf['workers']} {inf['backend']} workers: {', '.join(inf['devices'])}; {inf.get('startup_seconds', 0):.1f} s "
+                  + (f" ({inf['workers']} workers ({inf['backend']}): {', '.join(inf['devices'])}; {inf.get('startup_seconds', 0):.1f} s "
                      "to start them)" if inf.get("devices") else "")
                   + f", padding efficiency {_n(inf.get('padding_efficiency'))}; "
                   f"critic `{inf.get('critic')}`."]

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -259,3 +260,97 @@ def test_cli_threads_make_workers_identical_without_pinning(critic_path, tmp_pat
     assert json.loads((tmp_path / "one" / "summary.json").read_text())["inference"]["threads"] == 1
     bad = runner.invoke(app, [*base[:-2], "--threads", "0", "--out", str(tmp_path / "bad")])
     assert bad.exit_code != 0 and "--threads must be at least 1" in bad.output
+
+
+def test_every_worker_gets_a_chunk_before_any_gets_a_second():
+    """Two chunks, two workers: one each (not both queued on worker 0)."""
+    from critic_audit.critic import distributed as d
+
+    class Pool:
+        n = 2
+        where = "{device}"
+
+        def __init__(self):
+            self.calls = []
+
+        def submit(self, w, method, *args):
+            import concurrent.futures as cf
+
+            fut = cf.Future()
+            if method == "ready":
+                fut.set_result({"device": "cpu", "host": "h", "pid": 0, "fingerprint": None})
+            else:
+                self.calls.append((w, args[0]))
+                fut.set_result((args[0], [np.zeros(1, np.float32)], {}))
+            return fut
+
+        def close(self, abort):
+            pass
+
+    class Cache:
+        chunks = [[[0]], [[1]]]
+
+        def chunk_tokens(self, k):
+            return 100 - k
+
+        def indices(self, k):
+            return [k]
+
+        def path(self, k):
+            return Path("/nonexistent")
+
+        def save(self, k, vals):
+            pass
+
+    class Res:
+        resumed = 0
+
+        def add(self, *a):
+            pass
+
+    pool = Pool()
+    run = {"devices": [], "startup_seconds": 0.0}
+    orig = d._check_same_critic
+    d._check_same_critic = lambda *a: None
+    try:
+        d._drive(pool, Cache(), Res(), [np.zeros(2, np.int64)] * 2, [0, 1], {}, run, token_budget=8,
+                 attention_mask=False)
+    finally:
+        d._check_same_critic = orig
+    assert sorted(pool.calls) == [(0, 0), (1, 1)]
+
+
+def test_workers_exit_when_the_driver_dies(critic_path, tmp_path):
+    """SIGKILL of a driver that holds two busy-or-idle workers: the workers go away by themselves."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "import numpy as np\n"
+        "from critic_audit.critic.distributed import _Processes, CriticSpec\n"
+        "if __name__ == '__main__':\n"
+        f"    pool = _Processes(CriticSpec({str(critic_path)!r}, device='cpu'), ['cpu', 'cpu'], 1)\n"
+        "    pids = [pool.submit(w, 'ready').result()['pid'] for w in range(2)]\n"
+        "    print(' '.join(map(str, pids)), flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.time() + 20
+        alive = pids
+        while alive and time.time() < deadline:
+            time.sleep(0.2)
+            alive = [p for p in pids if Path(f"/proc/{p}").exists() and
+                     "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0]]
+        assert alive == [], f"workers {alive} outlived their driver"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -4,7 +4,7 @@ several workers (one per GPU of a node, or Ray actors across nodes), with identi
 - The driver plans the chunks and writes the manifest exactly as the single-process path does
   (:class:`~critic_audit.critic.cache.ChunkCache`: same plan, same manifest, same folder), so a cache
   left by a killed single-process run is resumed by a distributed one and the other way round.
-- Chunks not yet in the cache go to the workers longest first, each worker holding at most two at a
+- Chunks not yet in the cache go to the workers longest first and round robin, each holding at most two at a
   time (a work queue: a fast worker takes more). A worker loads the critic once and returns values;
   the **driver** writes every chunk file atomically as it arrives, so the workers need no shared
   filesystem and a run killed at any point resumes from the chunks that landed.
@@ -142,13 +142,34 @@ def _in_process(init: tuple, method: str, *args: Any) -> Any:
     return getattr(_SCORER, method)(*args)
 
 
+def _worker_init() -> None:
+    """In each worker process: leave Ctrl-C to the driver (which stops the workers and keeps the
+    chunks written), and exit when the driver dies (SIGKILL included) instead of holding memory."""
+    import multiprocessing as mp
+    import signal
+    import threading
+    from multiprocessing.connection import wait
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="critic-audit-parent-watch", daemon=True).start()
+
+
 class _Processes:
     def __init__(self, spec: CriticSpec, devices: list[str], threads: int | None) -> None:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")  # CUDA cannot be forked; spawn is also what macOS and Windows do
         self.init = [(spec, d, threads) for d in devices]
-        self.pools = [cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx) for _ in devices]
+        self.pools = [cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_worker_init)
+                      for _ in devices]
         self.n = len(devices)
         self.where = "{device}"  # how a worker is named in stats["devices"]
 
@@ -391,8 +412,11 @@ def _drive(pool: _Processes | _Ray, cache: ChunkCache, res: ChunkResults, seqs: 
         held = [0] * n
 
         def feed() -> None:
-            for w in range(n):
-                while queue and held[w] < DEPTH:
+            # level by level, round robin: every worker gets a chunk before any gets its second
+            for depth in range(1, DEPTH + 1):
+                for w in range(n):
+                    if not queue or held[w] >= depth:
+                        continue
                     k = queue.popleft()
                     try:
                         fut = pool.submit(w, "score", k, [seqs[i] for i in cache.indices(k)],
