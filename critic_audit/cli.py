@@ -478,17 +478,13 @@ def train(
         _fail(ConfigError("--verl and --dry-run belong to --engine verl", fix="add --engine verl"))
         return
     try:
-        from critic_audit.train import Trainer, load_config
+        from critic_audit.train import Trainer
 
 
         if resume and (set_ or algo or env or seed is not None or config is not None):
             raise ConfigError("a resumed run keeps its saved configuration; only --steps may change",
                               fix="drop --config/--set/--algo/--env/--seed, or start a new run in another --out")
-        overrides = list(set_ or [])
-        for key, value in (("algo.name", algo), ("env.name", env), ("steps", steps), ("seed", seed)):
-            if value is not None:
-                overrides.append(f"{key}={json.dumps(value)}")
-        cfg = load_config(config, overrides)
+        cfg = _train_config(config, set_, algo=algo, env=env, steps=steps, seed=seed)
         last: dict[str, Any] = {}
 
         def on_metrics(m: dict[str, Any]) -> None:
@@ -517,6 +513,16 @@ def train(
         out.print(f"last step: reward {last['rollout/reward_mean']:.3f}, success {last['rollout/success_rate']:.3f}")
 
 
+def _train_config(config: Optional[Path], set_: Optional[list[str]], **flags: Any) -> Any:
+    """The run configuration: the file, then ``--set``, then the shortcut flags (``--algo`` -> algo.name, ...)."""
+    from critic_audit.train import load_config
+
+    names = {"algo": "algo.name", "env": "env.name", "steps": "steps", "seed": "seed"}
+    overrides = list(set_ or [])
+    overrides += [f"{names[k]}={json.dumps(v)}" for k, v in flags.items() if v is not None]
+    return load_config(config, overrides)
+
+
 def _train_verl(out_dir: Path, config: Optional[Path], algo: Optional[str], steps: Optional[int],
                 seed: Optional[int], set_: Optional[list[str]], verl: list[str], dry_run: bool,
                 env: Optional[str]) -> None:
@@ -525,7 +531,6 @@ def _train_verl(out_dir: Path, config: Optional[Path], algo: Optional[str], step
 
     try:
         from critic_audit.integrations.verl.translate import verl_run_spec, write_verl_run
-        from critic_audit.train import load_config
 
         if env is not None:
             raise ConfigError("--env selects a built-in environment; verl runs its own agent loop",
@@ -534,11 +539,7 @@ def _train_verl(out_dir: Path, config: Optional[Path], algo: Optional[str], step
             raise ConfigError("verl trains on a prompt dataset and none was given",
                               fix="add --verl data.train_files=train.parquet (and data.val_files=...), "
                                   "or --dry-run to only write the launch files")
-        overrides = list(set_ or [])
-        for key, value in (("algo.name", algo), ("steps", steps), ("seed", seed)):
-            if value is not None:
-                overrides.append(f"{key}={json.dumps(value)}")
-        cfg = load_config(config, overrides)
+        cfg = _train_config(config, set_, algo=algo, env=None, steps=steps, seed=seed)
         spec = verl_run_spec(cfg, out_dir, verl)
         for note in spec.notes:
             err.print(f"note: {_escape(note)}")

@@ -241,9 +241,8 @@ def _loss_inputs(seed: int, prompt_lens=(3, 2, 4), masks=((1, 1, 0, 1, 1), (1, 0
     offsets = torch.tensor([0] + list(np.cumsum([p + n for p, n in zip(prompt_lens, resp_lens)])))
     # the library's padded view: log-prob of response token t sits at flat[seq_end - n - 1 + t]
     R = max(resp_lens)
-    rows_logp = torch.zeros(len(masks), R)
     pad = lambda xs: torch.stack([torch.nn.functional.pad(x, (0, R - len(x))) for x in xs])  # noqa: E731
-    return data, flat, offsets, resp_lens, pad(old), pad(adv), pad([torch.tensor(m) for m in masks]).bool(), rows_logp
+    return data, flat, offsets, resp_lens, pad(old), pad(adv), pad([torch.tensor(m) for m in masks]).bool()
 
 
 def _padded_logp(flat, offsets, resp_lens):
@@ -270,7 +269,7 @@ def test_policy_losses_through_verl_ppo_loss_equal_the_library(options, loss_mod
     dp_size, global_tokens = dp
     actor = _actor_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
                           "actor_rollout_ref.actor.clip_ratio_high=0.28")
-    data, flat, offsets, resp_lens, old, adv, mask, _ = _loss_inputs(7)
+    data, flat, offsets, resp_lens, old, adv, mask = _loss_inputs(7)
     n_local = int(mask.sum())
     tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=global_tokens or n_local, global_batch_size=3)
     logp_nested = torch.nested.nested_tensor_from_jagged(flat, offsets=offsets)
@@ -295,7 +294,7 @@ def test_the_mpo_loss_uses_whole_turn_ratios_in_verl(options):
 
     actor = _actor_config("actor_rollout_ref.actor.policy_loss.loss_mode=mpo")
     masks = ((1, 1, 1, 0, 1, 1),)
-    data, flat, offsets, resp_lens, old, adv, mask, _ = _loss_inputs(0, prompt_lens=(2,), masks=masks)
+    data, flat, offsets, resp_lens, old, adv, mask = _loss_inputs(0, prompt_lens=(2,), masks=masks)
     data["advantages"] = torch.nested.as_nested_tensor([torch.ones(6)], layout=torch.jagged)
     # response token t's log-prob is flat[1 + t]; push token 0 of turn 0 up by 1 nat vs old
     with torch.no_grad():

@@ -127,7 +127,7 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
     est = algo.estimator_config
     est_fields = {f.name: getattr(est, f.name) for f in dataclasses.fields(est)}
     ov.append(f"algorithm.gamma={est_fields.get('gamma', 1.0)}")
-    if estimator in ("gae",):
+    if estimator == "gae":
         ov.append(f"algorithm.lam={est_fields['lam']}")
     elif estimator == "grpo":
         ov.append(f"algorithm.norm_adv_by_std_in_grpo={_fmt(cfg.algo.name != 'dr_grpo')}")
