@@ -170,8 +170,8 @@ def _critics_table(s: dict) -> Table:
 def analyze(
     inputs: Inputs,
     critic: Annotated[Optional[list[Path]], typer.Option(help="Critic checkpoint folder (HF token-classification layout); repeat it to compare several critics (e.g. checkpoints) on the same rollouts.")] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Output folder, replaced atomically when it holds an earlier audit.")] = Path("audit_out"),
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out even when it is not an earlier critic-audit output.")] = False,
+    out_dir: Annotated[Path, typer.Option("--out", help="Output folder, replaced atomically when everything in it is critic-audit's (its manifest, critic-audit-manifest.json).")] = Path("audit_out"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Write into --out even when it holds other files: they are kept; a file critic-audit did not write is never replaced or removed.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout instead of a table.")] = False,
     scope: Annotated[str, typer.Option(help="assistant: policy tokens only; all: every token, non-assistant runs as their own groups.")] = "assistant",
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the 95% intervals.")] = 2000,
@@ -242,8 +242,11 @@ def analyze(
     except KeyboardInterrupt:
         from critic_audit.critic.options import cache_root_for
 
-        kept = cache_root_for(out_dir)
-        where = f"the critic scores written so far are kept in {kept}/; " if resume and kept.exists() else ""
+        try:
+            kept = cache_root_for(out_dir)
+        except ConfigError:
+            kept = None
+        where = f"the critic scores written so far are kept in {kept}/; " if resume and kept and kept.exists() else ""
         err.print(f"interrupted: {where}rerun the same command to resume", soft_wrap=True)
         raise typer.Exit(130) from None
     except Exception as e:  # noqa: BLE001 - every error becomes one line

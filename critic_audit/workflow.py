@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +21,7 @@ from critic_audit.analysis.audit import AuditConfig, AuditResult, audit
 from critic_audit.errors import ConfigError, InputError
 from critic_audit.io.chat import ChatReadOptions, read_chat
 from critic_audit.io.common import InputOptions, ReadReport
+from critic_audit.outputs import check_out_path, check_replaceable, publish, staging
 from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, conversations_to_trajectories, validate
 from critic_audit.turns import (
     EXCLUDE_NO_ASSISTANT,
@@ -214,47 +213,32 @@ def read_tables(path: str | Path, *, read_options: ChatReadOptions | None = None
 def check_output_folder(out_dir: Path, inputs: Sequence[str | Path] = (), *, overwrite: bool = False) -> Path:
     """Resolve ``out_dir`` and refuse to replace what is not ours to replace.
 
-    An existing folder is replaced only when it is empty, holds an earlier critic-audit output
-    (``summary.json``), or ``overwrite`` is set; it may never be one of the inputs or contain one.
+    An existing folder is replaced only when everything in it is critic-audit's (its manifest,
+    :mod:`critic_audit.outputs`); with ``overwrite`` the output is written next to files the tool did
+    not write, which are never replaced or removed. It may never be one of the inputs or hold one, nor
+    ``/``, the home or the current folder.
 
     Raises:
-        ConfigError: the folder would destroy an input or unrelated files.
+        ConfigError: the folder would destroy an input or files critic-audit did not write.
     """
-    out_dir = Path(out_dir).expanduser().resolve()
+    out_dir = check_out_path(out_dir)
     for p in inputs:
         rp = Path(p).expanduser().resolve()
         if rp == out_dir or out_dir in rp.parents:
             raise ConfigError(f"the output folder {out_dir} is (or holds) the input {p}",
                               fix="pass another --out, e.g. --out audit_out2")
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise ConfigError(f"--out {out_dir} is a file", fix="pass a folder path")
-        if any(out_dir.iterdir()) and not (out_dir / "summary.json").exists() and not overwrite:
-            raise ConfigError(f"--out {out_dir} exists and is not a critic-audit output folder",
-                              fix="pass a new or empty folder, or --overwrite to replace it")
+    check_replaceable(out_dir, overwrite=overwrite)
     return out_dir
 
 
-def _atomic_output(out_dir: Path) -> Path:
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+_PLOT_DIRS = ("plots",)
 
 
-def _publish(tmp: Path, out_dir: Path) -> None:
-    """Replace ``out_dir`` by ``tmp`` (rename; the old folder is removed only after the swap).
-
-    The new folder gets the permissions of a folder made with ``mkdir`` (mkdtemp makes it private).
-    """
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def _publish(tmp: Path, out_dir: Path, overwrite: bool, *, critics: Sequence[str] = ()) -> None:
+    """Put the staged output ``tmp`` in place of ``out_dir`` (:func:`critic_audit.outputs.publish`):
+    its manifest names every file, and the plot folders (re-rendered whole by ``critic-audit plot``)."""
+    dirs = [*_PLOT_DIRS, *(f"critics/{c}/plots" for c in critics)]
+    publish(tmp, out_dir, kind="analyze", dirs=[d for d in dirs if (tmp / d).is_dir()], overwrite=overwrite)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -449,7 +433,7 @@ def analyze(
         if not Path(p).exists():
             raise InputError("no such file or folder", path=p, fix="check the path")
     if stream:
-        return _analyze_stream(inputs, out_dir, audit_config, plots, t0)
+        return _analyze_stream(inputs, out_dir, audit_config, plots, t0, overwrite)
     scorings: list[ScoringConfig | None]
     if scoring is None:
         scorings = [None]
@@ -475,20 +459,15 @@ def analyze(
                                          input_options, _report)
         config = {**base_config, "scoring": dataclasses.asdict(scorings[0]) if scorings[0] else None,
                   "critic_max_length": ctx}
-        tmp = _atomic_output(out_dir)
-        try:
+        with staging(out_dir) as tmp:
             result.summary["seconds"] = round(time.perf_counter() - t0, 2)
             result.summary["input"] = _report.as_dict()
             _write_folder(tmp, result, tokens, config, plots)
-            _publish(tmp, out_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            _publish(tmp, out_dir, overwrite)
         return AnalyzeOutcome(result, tokens, out_dir)
 
     labels = critic_labels([sc for sc in scorings if sc is not None])
-    tmp = _atomic_output(out_dir)
-    try:
+    with staging(out_dir) as tmp:
         pers, per_summary, first_tokens = [], {}, None
         for label, sc in zip(labels, scorings):
             def prog(stage: str, d: int, n: int, _label: str = label) -> None:
@@ -525,10 +504,7 @@ def analyze(
             from critic_audit.report import render_comparison
 
             render_comparison(tmp, per_all, summary)
-        _publish(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _publish(tmp, out_dir, overwrite, critics=labels)
     return AnalyzeOutcome(AuditResult(per_all, summary), first_tokens, out_dir)
 
 
@@ -607,7 +583,7 @@ def _check_group_by(config: AuditConfig, convs: Sequence[Conversation]) -> None:
 
 
 def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: AuditConfig, plots: bool,
-                    t0: float) -> AnalyzeOutcome:
+                    t0: float, overwrite: bool = False) -> AnalyzeOutcome:
     """``analyze --stream``: one canonical-table input, values present, tokens never loaded whole."""
     from critic_audit.analysis.audit import audit_parquet
 
@@ -629,8 +605,7 @@ def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: A
     result = audit_parquet(trajs, tok_path, audit_config, pre_excluded=pre)
     result.summary.update(inputs=[str(p) for p in inputs], critic_audit_version=__version__, inference=None,
                           tokens_source=str(tok_path), streamed=True)
-    tmp = _atomic_output(out_dir)
-    try:
+    with staging(out_dir) as tmp:
         result.summary["seconds"] = round(time.perf_counter() - t0, 2)
         _write_json(tmp / "summary.json", result.summary)
         _write_json(tmp / "config.json", {"inputs": [str(p)], "stream": True, "audit": dataclasses.asdict(audit_config)})
@@ -639,10 +614,7 @@ def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: A
             from critic_audit.report import render_folder
 
             render_folder(tmp, pl.scan_parquet(tok_path), result.per_trajectory, result.summary)
-        _publish(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _publish(tmp, out_dir, overwrite)
     return AnalyzeOutcome(result, None, out_dir)
 
 

@@ -92,11 +92,26 @@ def test_scope_all_changes_groups(rollouts, critic_dir, tmp_path):
 
 def test_rerun_replaces_output_atomically(rollouts, critic_dir, tmp_path):
     out = tmp_path / "o"
+    assert _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 50).exit_code == 0
+    first = json.loads((out / "critic-audit-manifest.json").read_text())
+    assert first["tool"] == "critic-audit" and first["kind"] == "analyze" and "plots" in first["dirs"]
+    assert {"summary.json", "tokens.parquet", "report.html"} <= set(first["files"])
+    # a rerun without plots replaces everything the first run wrote (its manifest), plots included
     assert _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--no-plots", "--bootstrap", 50).exit_code == 0
-    (out / "stale.txt").write_text("old")
-    assert _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--no-plots", "--bootstrap", 50).exit_code == 0
-    assert not (out / "stale.txt").exists()
+    assert not (out / "plots").exists() and not (out / "report.html").exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["critic-audit-manifest.json", "config.json", "summary.json", "tokens.parquet", "trajectories.parquet"])
     assert not list(tmp_path.glob(".o.*")), "temporary folders are cleaned up"
+    # a file the tool did not write is never removed: refused, and kept with --overwrite
+    (out / "notes.txt").write_text("mine")
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--no-plots", "--bootstrap", 50)
+    _assert_one_line_error(res, "not a critic-audit output folder", "notes.txt", "--overwrite")
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 50, "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert (out / "notes.txt").read_text() == "mine" and (out / "plots").is_dir()
+    merged = json.loads((out / "critic-audit-manifest.json").read_text())
+    assert "notes.txt" not in merged["files"] and "plots" in merged["dirs"]
+    assert not list(tmp_path.glob(".o.*"))
 
 
 # ----------------------------------------------------------------------------------------- bad input
@@ -268,14 +283,19 @@ def test_out_folder_protection(rollouts, critic_dir, tmp_path):
     res = _run("analyze", rollouts, "--critic", critic_dir, "--out", victim, "--no-plots", "--bootstrap", 20)
     _assert_one_line_error(res, "not a critic-audit output folder", "--overwrite")
     assert (victim / "important.txt").read_text() == "precious"
+    # --overwrite writes next to a file the tool did not write, and never removes it
     ok = _run("analyze", rollouts, "--critic", critic_dir, "--out", victim, "--no-plots", "--bootstrap", 20, "--overwrite")
-    assert ok.exit_code == 0 and not (victim / "important.txt").exists()
+    assert ok.exit_code == 0 and (victim / "important.txt").read_text() == "precious"
+    assert (victim / "tokens.parquet").exists()
     # re-auditing a folder into itself would destroy the input
     same = _run("analyze", victim, "--out", victim, "--no-plots")
     _assert_one_line_error(same, "input", "--out")
     assert (victim / "tokens.parquet").exists()
     # folders are readable like any mkdir'd folder, not private
     assert (victim.stat().st_mode & 0o777) != 0o700
+    fresh = tmp_path / "fresh"
+    assert _run("analyze", rollouts, "--critic", critic_dir, "--out", fresh, "--no-plots", "--bootstrap", 20).exit_code == 0
+    assert (fresh.stat().st_mode & 0o777) != 0o700
 
 
 def test_same_named_critics_and_empty_input(rollouts, critic_dir, tmp_path):

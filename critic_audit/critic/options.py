@@ -49,8 +49,15 @@ def current_options() -> CacheOptions | None:
 
 
 def cache_root_for(out_dir: str | Path) -> Path:
-    """``<out>.scoring-cache``: the cache folder next to an output folder."""
-    out = Path(out_dir)
+    """``<out>.scoring-cache``: the cache folder next to an output folder.
+
+    Raises:
+        ConfigError: ``out_dir`` is a path no output may take (``/``, ``.``, the home folder, a symlink
+            loop: :func:`critic_audit.outputs.check_out_path`).
+    """
+    from critic_audit.outputs import check_out_path
+
+    out = check_out_path(out_dir)
     return out.with_name(out.name + ".scoring-cache")
 
 
@@ -69,4 +76,28 @@ def scoring_cache(root: str | Path, *, resume: bool = True, keep: bool = False,
         _CACHE.reset(token)
     # only reached without an exception
     if resume and not keep and opts.root.exists():
-        shutil.rmtree(opts.root, ignore_errors=True)
+        remove_cache_root(opts.root)
+
+
+def _is_chunk_cache(folder: Path) -> bool:
+    """A folder written by ``critic.cache.ChunkCache``: its manifest, chunk files, temporary files."""
+    import json
+    import re
+
+    try:
+        m = json.loads((folder / "manifest.json").read_text())
+        names = [p.name for p in folder.iterdir()]
+    except (OSError, ValueError):
+        return False
+    ok = re.compile(r"^(manifest\.json|chunk-\d{6}\.npz|\..*\.tmp)$")
+    return isinstance(m, dict) and {"version", "critic", "sequences"} <= set(m) and all(ok.match(n) for n in names)
+
+
+def remove_cache_root(root: Path) -> None:
+    """Remove the scoring caches under ``root`` (only folders that are chunk caches), then ``root``
+    when that leaves it empty: a folder of the same name holding anything else is left alone."""
+    for sub in sorted(root.iterdir()) if root.is_dir() and not root.is_symlink() else []:
+        if sub.is_dir() and not sub.is_symlink() and _is_chunk_cache(sub):
+            shutil.rmtree(sub, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        root.rmdir()

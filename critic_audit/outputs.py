@@ -1,0 +1,481 @@
+"""Safe output: atomic files, atomic folders, and a manifest of what the tool wrote.
+
+Every folder critic-audit writes (an ``analyze`` output, a critic folder, a training run folder and its
+checkpoints and rollout tables) holds :data:`MANIFEST`, a JSON file naming the tool, its version, the
+kind of folder, every file it wrote (``files``) and the folders it owns whole (``dirs``: e.g.
+``plots``, re-rendered wholesale). The manifest is the only proof of ownership: a file neither listed
+nor inside an owned folder was not written by critic-audit and is never replaced or removed, with or
+without ``--overwrite``.
+
+- :func:`atomic_write` / :func:`atomic_write_text`: a file written to a temporary sibling, flushed and
+  renamed over the target (a reader sees the old file or the new one, never a part).
+- :func:`staging` + :func:`publish`: a folder built in a temporary sibling ``.<name>.tmp-XXXX`` (which
+  carries a marker naming this process) and renamed into place. An existing folder is swapped out
+  only when everything in it is the tool's; its files are then removed by its manifest. With
+  ``overwrite`` a folder holding other files is written into file by file (each atomically), next to
+  the files that are not the tool's; a clash with one of those is refused.
+- :func:`clean_stale`: temporary and swapped-out folders of a killed run (the process named in their
+  marker is gone) are removed before the next publish.
+- :func:`check_out_path`: ``/``, the home folder, the current folder (``.``, an empty path) and their
+  parents, and symlink loops are refused with one clean line.
+
+Errors are :class:`critic_audit.errors.ConfigError` (a path the tool refuses to write) naming the path
+and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from critic_audit import __version__
+from critic_audit.errors import ConfigError
+
+__all__ = [
+    "MANIFEST",
+    "TOOL",
+    "atomic_write",
+    "atomic_write_text",
+    "check_out_path",
+    "check_replaceable",
+    "clean_stale",
+    "foreign_entries",
+    "is_ours",
+    "publish",
+    "read_manifest",
+    "remove_owned",
+    "staging",
+    "write_manifest",
+]
+
+#: The manifest file at the top of every folder the tool writes.
+MANIFEST = "critic-audit-manifest.json"
+TOOL = "critic-audit"
+#: Marker inside a staging folder: the process that made it (pid, host).
+STAGING_MARKER = ".critic-audit-staging"
+
+
+# --------------------------------------------------------------------------------------------- paths
+
+
+def check_out_path(path: str | Path, *, option: str = "--out") -> Path:
+    """``path`` resolved (``~`` expanded, symlinks followed), refusing paths no output may replace.
+
+    Raises:
+        ConfigError: an empty path or ``.`` (the current folder), ``/``, the home folder, a folder
+            that holds the current or the home folder, a symlink loop, or an unresolvable path.
+    """
+    raw = str(path)
+    if raw.strip() in ("", "."):
+        raise ConfigError(f"{option} {raw!r} is the current folder; an output folder is replaced as a whole",
+                          fix=f"pass a folder of its own, e.g. {option} audit_out")
+    try:
+        p = Path(raw).expanduser().resolve(strict=False)
+    except RuntimeError:  # symlink loop (Python < 3.13)
+        raise ConfigError(f"{option} {raw} is (or runs through) a symlink loop",
+                          fix="remove the symlink loop or pass another path") from None
+    except OSError as e:  # symlink loop (Python >= 3.13), permission
+        raise ConfigError(f"{option} {raw} cannot be resolved ({e.strerror or e})",
+                          fix="remove the symlink loop or pass another path") from None
+    if _is_loop(Path(raw).expanduser()):
+        raise ConfigError(f"{option} {raw} is a symlink loop", fix="remove the symlink loop or pass another path")
+    if p == Path(p.anchor):
+        raise ConfigError(f"{option} {raw} is the filesystem root", fix=f"pass a folder of its own, e.g. {option} audit_out")
+    guarded = {"your home folder": _safe_resolve(Path.home()), "the current folder": _safe_resolve(Path.cwd())}
+    for what, g in guarded.items():
+        if g is not None and (p == g or p in g.parents):
+            which = what if p == g else f"a parent of {what}"
+            raise ConfigError(f"{option} {raw} is {which}; an output folder is replaced as a whole",
+                              fix=f"pass a folder of its own, e.g. {option} {g / 'audit_out'}")
+    return p
+
+
+def _safe_resolve(p: Path) -> Path | None:
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError):
+        return None
+
+
+def _is_loop(p: Path) -> bool:
+    """A symlink (at ``p`` or one of its parents) that never resolves to a real path."""
+    try:
+        os.stat(p)
+    except OSError as e:
+        return e.errno == 40  # ELOOP
+    return False
+
+
+def _rel_ok(rel: Any) -> bool:
+    """A manifest entry: a relative POSIX path without ``..``, not absolute, not the manifest."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        return False
+    pp = PurePosixPath(rel)
+    return not pp.is_absolute() and ".." not in pp.parts and "." not in pp.parts and rel != MANIFEST
+
+
+def _inside(folder: Path, target: Path) -> bool:
+    """``target``'s parent, with symlinks followed, lies inside ``folder`` (no escape through a link)."""
+    base = os.path.realpath(folder)
+    parent = os.path.realpath(target.parent)
+    return parent == base or parent.startswith(base + os.sep)
+
+
+# --------------------------------------------------------------------------------------------- files
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None], *, fsync: bool = True) -> Path:
+    """Call ``write(tmp)`` on a temporary sibling of ``path`` (``.<name>.tmp-XXXX``), flush it to disk
+    and rename it over ``path``: a reader sees the old file or the new one, a kill leaves the old one.
+    The file gets the permissions of one made with ``open`` (mkstemp's are private).
+
+    Raises:
+        ConfigError: the parent folder cannot be created or written.
+    """
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{p.name}.tmp-", dir=p.parent)
+    except OSError as e:
+        raise ConfigError(f"cannot write ({e.strerror or e})", path=p, fix="choose a writable path") from None
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        if fsync:
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return p
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` atomically (:func:`atomic_write`)."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """``obj`` as indented JSON (NaN refused), written atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, default=str, allow_nan=False) + "\n")
+
+
+# --------------------------------------------------------------------------------------------- manifests
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any] | None:
+    """The folder's manifest when it is a valid one of this tool, else None (missing, unreadable,
+    another tool's, or an entry that leaves the folder)."""
+    f = Path(folder) / MANIFEST
+    try:
+        if f.is_symlink() or not f.is_file():
+            return None
+        m = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or m.get("tool") != TOOL:
+        return None
+    files, dirs = m.get("files"), m.get("dirs", [])
+    if not isinstance(files, list) or not isinstance(dirs, list):
+        return None
+    if not all(_rel_ok(x) for x in (*files, *dirs)):
+        return None
+    return m
+
+
+def _walk_files(folder: Path) -> list[str]:
+    out = []
+    for dirpath, _dirs, files in os.walk(folder):
+        rel = Path(dirpath).relative_to(folder)
+        for f in files:
+            r = (rel / f).as_posix()
+            if r not in (MANIFEST, STAGING_MARKER):
+                out.append(r)
+    return sorted(out)
+
+
+def write_manifest(folder: str | Path, kind: str, *, dirs: Sequence[str] = (), extra: dict[str, Any] | None = None,
+                   files: Sequence[str] | None = None) -> dict[str, Any]:
+    """Write ``folder``'s manifest: tool, version, ``kind``, every file below it (or ``files``) and the
+    owned folders ``dirs``. Returns it."""
+    folder = Path(folder)
+    owned = [d for d in dirs if (folder / d).is_dir() or files is not None]
+    listed = sorted(files) if files is not None else [f for f in _walk_files(folder)
+                                                      if not any(f.startswith(d + "/") for d in owned)]
+    m = {"tool": TOOL, "version": __version__, "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+         "files": listed, "dirs": sorted(owned), **(extra or {})}
+    atomic_write_text(folder / MANIFEST, json.dumps(m, indent=1) + "\n")
+    return m
+
+
+def _ancestors(rels: Sequence[str]) -> set[str]:
+    out: set[str] = set()
+    for r in rels:
+        parts = PurePosixPath(r).parts
+        for i in range(1, len(parts)):
+            out.add("/".join(parts[:i]))
+    return out
+
+
+def foreign_entries(folder: str | Path, manifest: dict[str, Any] | None = None, limit: int = 3) -> list[str]:
+    """Up to ``limit`` entries of ``folder`` the tool did not write (not in its manifest, not inside a
+    folder it owns); ``[]`` when everything is the tool's. Without a manifest every entry is foreign.
+    A symlinked folder is foreign (the tool never writes links)."""
+    folder = Path(folder)
+    m = manifest if manifest is not None else read_manifest(folder)
+    if m is None:
+        names = []
+        with contextlib.suppress(OSError), os.scandir(folder) as it:
+            for e in it:
+                names.append(e.name + ("/" if e.is_dir(follow_symlinks=False) else ""))
+                if len(names) >= limit:
+                    break
+        return sorted(names)
+    files, owned = set(m["files"]), set(m.get("dirs", []))
+    parents = _ancestors([*files, *owned])
+    bad: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        rel = Path(dirpath).relative_to(folder).as_posix()
+        rel = "" if rel == "." else rel
+        keep = []
+        for d in sorted(dirnames):
+            r = f"{rel}/{d}" if rel else d
+            if os.path.islink(os.path.join(dirpath, d)):
+                bad.append(r)
+            elif r in owned:
+                continue  # owned whole: not walked
+            elif r in parents:
+                keep.append(d)
+            else:
+                bad.append(r + "/")
+        dirnames[:] = keep
+        for f in sorted(filenames):
+            r = f"{rel}/{f}" if rel else f
+            if r not in files and r != MANIFEST:
+                bad.append(r)
+        if len(bad) >= limit:
+            break
+    return bad[:limit]
+
+
+def is_ours(folder: str | Path) -> bool:
+    """``folder`` holds a manifest of this tool and nothing the tool did not write."""
+    m = read_manifest(folder)
+    return m is not None and not foreign_entries(folder, m, limit=1)
+
+
+def remove_owned(folder: str | Path) -> bool:
+    """Remove what ``folder``'s manifest names (its files and owned folders), then the folders left
+    empty, then ``folder`` itself when empty. Nothing else is touched: a file the tool did not write
+    stays, and so does its folder. Returns True when ``folder`` is gone."""
+    folder = Path(folder)
+    m = read_manifest(folder)
+    if m is None:
+        return not folder.exists()
+    for d in m.get("dirs", []):
+        p = folder / d
+        if not _inside(folder, p):
+            continue
+        if p.is_symlink():
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+    for f in m["files"]:
+        p = folder / f
+        if _inside(folder, p) and (p.is_symlink() or p.is_file()):
+            p.unlink(missing_ok=True)
+    (folder / MANIFEST).unlink(missing_ok=True)
+    for d in sorted(_ancestors([*m["files"], *m.get("dirs", [])]), key=lambda s: -s.count("/")):
+        with contextlib.suppress(OSError):
+            (folder / d).rmdir()  # only when empty
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+    return not folder.exists()
+
+
+# --------------------------------------------------------------------------------------------- folders
+
+
+def check_replaceable(out: Path, *, overwrite: bool = False, option: str = "--out") -> None:
+    """Refuse an existing ``out`` that is a file, or a folder holding files the tool did not write
+    (unless ``overwrite``: then they are kept and the output is written next to them).
+
+    Raises:
+        ConfigError: as above.
+    """
+    if out.is_symlink() and not out.exists():
+        raise ConfigError(f"{option} {out} is a dangling symlink", fix="remove it or pass another path")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"{option} {out} is a file", fix="pass a folder path")
+    foreign = foreign_entries(out)
+    if foreign and not overwrite:
+        raise ConfigError(
+            f"{option} {out} is not a critic-audit output folder: it holds files critic-audit did not write "
+            f"({', '.join(foreign)}{', ...' if len(foreign) >= 3 else ''})",
+            fix=f"pass a new or empty folder, or --overwrite to write next to them (a file critic-audit did "
+                f"not write is never replaced or removed)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def _stale_marker(folder: Path) -> bool:
+    """``folder`` is a staging folder of this tool whose process (on this host) is gone."""
+    try:
+        mark = json.loads((folder / STAGING_MARKER).read_text())
+        pid, host = int(mark["pid"]), str(mark["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return host == socket.gethostname() and not _alive(pid)
+
+
+def clean_stale(out: Path) -> list[Path]:
+    """Remove the leftovers of killed runs next to ``out``: staging folders ``.<name>.tmp-*`` whose
+    marker names a process of this host that is gone, and swapped-out folders ``.<name>.old-<pid>-*``
+    of such a process (by their manifest). Returns the paths removed."""
+    removed: list[Path] = []
+    parent = out.parent
+    if not parent.is_dir():
+        return removed
+    for p in sorted(parent.glob(f".{out.name}.tmp-*")):
+        if p.is_dir() and not p.is_symlink() and _stale_marker(p):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    for p in sorted(parent.glob(f".{out.name}.old-*")):
+        try:
+            pid = int(p.name[len(f".{out.name}.old-"):].split("-")[0])
+        except ValueError:
+            continue
+        if p.is_dir() and not p.is_symlink() and not _alive(pid) and remove_owned(p):
+            removed.append(p)
+    return removed
+
+
+@contextlib.contextmanager
+def staging(out: str | Path) -> Iterator[Path]:
+    """A fresh staging folder next to ``out`` (``.<name>.tmp-XXXX``, marked with this process) for
+    :func:`publish`; stale ones of killed runs are removed first. Removed when the block raises.
+
+    Raises:
+        ConfigError: the parent folder cannot be created or written.
+    """
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(out)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as e:
+        raise ConfigError(f"cannot write next to {out} ({e.strerror or e})", path=out.parent,
+                          fix="choose a writable --out") from None
+    (tmp / STAGING_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                  "created": time.time()}))
+    try:
+        yield tmp
+    finally:
+        if tmp.exists():  # not published (an error, or the block did not publish it)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish(tmp: Path, out: Path, *, kind: str, dirs: Sequence[str] = (), overwrite: bool = False,
+            extra: dict[str, Any] | None = None, option: str = "--out") -> Path:
+    """Write ``tmp``'s manifest and put ``tmp`` in place of ``out``.
+
+    ``out`` missing or empty: ``tmp`` is renamed onto it. ``out`` entirely the tool's (its manifest
+    covers everything in it): swapped by two renames, then the old folder's files are removed by its
+    manifest. ``out`` holding other files: refused, or with ``overwrite`` written into file by file
+    (each atomically) next to them; a path of the new output that is taken by a file the tool did not
+    write is refused.
+
+    Raises:
+        ConfigError: as above.
+    """
+    out = Path(out)
+    check_replaceable(out, overwrite=overwrite, option=option)
+    (tmp / STAGING_MARKER).unlink(missing_ok=True)
+    os.chmod(tmp, 0o777 & ~_umask())
+    if out.exists() and foreign_entries(out, limit=1):
+        return _merge(tmp, out, kind=kind, dirs=dirs, extra=extra, option=option)
+    write_manifest(tmp, kind, dirs=dirs, extra=extra)
+    if out.exists() and not any(out.iterdir()):
+        out.rmdir()
+    if not out.exists():
+        os.replace(tmp, out)
+        return out
+    old = out.with_name(f".{out.name}.old-{os.getpid()}-{time.time_ns()}")
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        os.replace(old, out)
+        raise
+    remove_owned(old)
+    return out
+
+
+def _merge(tmp: Path, out: Path, *, kind: str, dirs: Sequence[str], extra: dict[str, Any] | None,
+           option: str) -> Path:
+    old = read_manifest(out)
+    old_files = set(old["files"]) if old else set()
+    old_dirs = set(old.get("dirs", [])) if old else set()
+    new_files = _walk_files(tmp)
+
+    def ours(rel: str) -> bool:
+        return rel in old_files or any(rel == d or rel.startswith(d + "/") for d in old_dirs)
+
+    for rel in new_files:
+        target = out / rel
+        if not _inside(out, target):
+            raise ConfigError(f"{option} {out}: {rel} would be written through a symlink out of the folder",
+                              fix="pass a new or empty folder")
+        for q in [target, *[out / a for a in sorted(_ancestors([rel]))]]:
+            if q != target and q.exists() and not q.is_dir():
+                raise ConfigError(f"{option} {out}: {q.relative_to(out)} is a file critic-audit did not write, "
+                                  f"where it writes the folder of {rel}", fix="pass a new or empty folder")
+        if (target.exists() or target.is_symlink()) and not ours(rel):
+            raise ConfigError(f"{option} {out}: {rel} was not written by critic-audit (no manifest lists it); "
+                              "refusing to replace it", fix="pass a new or empty folder, or move that file away")
+    # the old output's files that the new one does not have
+    for rel in sorted(old_files - set(new_files)):
+        p = out / rel
+        if _inside(out, p) and (p.is_file() or p.is_symlink()):
+            p.unlink()
+    keep_dirs = []
+    for d in dirs:  # claim a folder whole only when it was the tool's or is new
+        if d in old_dirs and (out / d).is_dir() and not (out / d).is_symlink():
+            shutil.rmtree(out / d, ignore_errors=True)
+        if not (out / d).exists():
+            keep_dirs.append(d)
+    for rel in new_files:
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / rel, target)
+    listed = [f for f in new_files if not any(f.startswith(d + "/") for d in keep_dirs)]
+    write_manifest(out, kind, dirs=keep_dirs, extra={**(extra or {}), "merged": True}, files=listed)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
