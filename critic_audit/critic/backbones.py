@@ -16,8 +16,6 @@ import importlib.util
 import io
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -117,21 +115,16 @@ def cached_backbone(
     target.parent.mkdir(parents=True, exist_ok=True)
     if progress:
         progress(f"converting {gguf_dir / gguf_file} to {target} (once, about 20 s)")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=target.parent))
-    try:
+    from critic_audit.outputs import publish, remove_owned, staging
+
+    with staging(target) as tmp:
         _convert_gguf(gguf_dir, gguf_file, tmp)
-        publish_permissions(tmp)
-        if target.exists() and not _is_complete(target):
-            shutil.rmtree(target)  # debris of an older, non-atomic writer
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _is_complete(target):  # not a concurrent winner: a real failure
-                raise
+        if _is_complete(target):  # a concurrent process cached it first
             log.info("another process cached %s first; using it", target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            return target
+        if target.exists():
+            remove_owned(target)  # an interrupted older copy of ours; anything else is refused below
+        publish(tmp, target, kind="backbone", option="backbone cache")
     return target
 
 

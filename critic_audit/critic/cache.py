@@ -82,13 +82,10 @@ def plan_chunks(lengths: Sequence[int], token_budget: int, chunk_tokens: int) ->
 
 
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """:func:`critic_audit.outputs.atomic_write` (temporary sibling ``.<name>.tmp-*``, fsync, rename)."""
+    from critic_audit.outputs import atomic_write
+
+    atomic_write(path, write)
 
 
 @dataclass
@@ -140,7 +137,7 @@ class ChunkCache:
                 log.warning("discarding the scoring cache %s: it belongs to another critic or other sequences", folder)
                 shutil.rmtree(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        for stray in folder.glob(".*.tmp"):
+        for stray in [*folder.glob(".*.tmp"), *folder.glob(".*.tmp-*")]:
             stray.unlink(missing_ok=True)
         if not mfile.exists():
             _write_atomic(mfile, lambda tmp: tmp.write_text(json.dumps(manifest, sort_keys=True)))
@@ -183,8 +180,6 @@ class ChunkCache:
                 np.savez(f, indices=np.asarray(idx, dtype=np.int64),
                          lengths=np.asarray([len(v) for v in values], dtype=np.int64),
                          values=np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32))
-                f.flush()
-                os.fsync(f.fileno())
 
         _write_atomic(self.path(k), write)
         delay = float(os.environ.get(DELAY_ENV, "0") or 0)

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,7 +27,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from critic_audit.critic.backbones import publish_permissions
 from critic_audit.critic.infer import iter_hidden_batches
 from critic_audit.critic.load import (
     HEAD_PREFIX,
@@ -325,18 +321,13 @@ def save_head(weight: Any, bias: float, path: str | Path, *, metadata: dict | No
     (float32), with ``metadata`` as JSON in the header. Atomic (temp file, then rename)."""
     from safetensors.torch import save_file
 
+    from critic_audit.outputs import atomic_write
+
     path = Path(path)
     w, b = _head_arrays(weight, bias)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        header = {"format": "pt", "critic_audit": json.dumps(metadata or {}, default=str)}
-        save_file({f"{HEAD_PREFIX}.weight": w, f"{HEAD_PREFIX}.bias": b}, tmp, metadata=header)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    header = {"format": "pt", "critic_audit": json.dumps(metadata or {}, default=str)}
+    atomic_write(path, lambda tmp: save_file({f"{HEAD_PREFIX}.weight": w, f"{HEAD_PREFIX}.bias": b}, str(tmp),
+                                             metadata=header))
     return path
 
 
@@ -376,30 +367,21 @@ def _head_metadata(path: Path) -> dict:
         return {}
 
 
-def _prepare_out(out_dir: Path, overwrite: bool) -> None:
+def _prepare_out(out_dir: Path, overwrite: bool) -> Path:
+    """``out_dir`` resolved; an existing non-empty folder is replaced only with ``overwrite`` and only
+    when it is entirely critic-audit's (:mod:`critic_audit.outputs`)."""
+    from critic_audit.outputs import check_out_path, check_replaceable
+
+    out_dir = check_out_path(out_dir)
     if out_dir.exists():
         if not out_dir.is_dir():
             raise ConfigError("output path exists and is not a folder", path=out_dir)
-        if any(out_dir.iterdir()) and not overwrite:
-            raise ConfigError(
-                "output folder exists and is not empty", path=out_dir, fix="choose another folder or pass --overwrite"
-            )
-
-
-def _swap_into_place(tmp: Path, out_dir: Path) -> None:
-    """Rename ``tmp`` to ``out_dir``, replacing an existing (empty or overwritable) folder."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{time.time_ns()}")
-        os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except OSError:
-        if old is not None:
-            os.rename(old, out_dir)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if any(out_dir.iterdir()):
+            if not overwrite:
+                raise ConfigError("output folder exists and is not empty", path=out_dir,
+                                  fix="choose another folder or pass --overwrite")
+            check_replaceable(out_dir, overwrite=False)
+    return out_dir
 
 
 def save_critic(
@@ -426,8 +408,7 @@ def save_critic(
         CheckpointError: the backbone cannot be loaded or has no token-classification class.
     """
     backbone_dir = Path(backbone_dir)
-    out_dir = Path(out_dir)
-    _prepare_out(out_dir, overwrite)
+    out_dir = _prepare_out(Path(out_dir), overwrite)
     w, b = _head_arrays(weight, bias)
     read_config(backbone_dir, trust_remote_code=trust_remote_code)
     weight_files(backbone_dir)
@@ -455,9 +436,9 @@ def save_critic(
             head.bias.copy_(b)
         model.score = head
         tokenizer = load_tokenizer(backbone_dir, trust_remote_code=trust_remote_code)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        try:
+        from critic_audit.outputs import publish, staging
+
+        with staging(out_dir) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             from critic_audit import __version__
@@ -477,11 +458,7 @@ def save_critic(
             cfg = json.loads(cfg_file.read_text())
             cfg["num_labels"] = 1
             cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-            publish_permissions(tmp)
-            _swap_into_place(tmp, out_dir)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            publish(tmp, out_dir, kind="critic")
     return out_dir
 
 

@@ -89,7 +89,7 @@ def _is_chunk_cache(folder: Path) -> bool:
         names = [p.name for p in folder.iterdir()]
     except (OSError, ValueError):
         return False
-    ok = re.compile(r"^(manifest\.json|chunk-\d{6}\.npz|\..*\.tmp)$")
+    ok = re.compile(r"^(manifest\.json|chunk-\d{6}\.npz|\..*\.tmp(-.*)?)$")
     return isinstance(m, dict) and {"version", "critic", "sequences"} <= set(m) and all(ok.match(n) for n in names)
 
 

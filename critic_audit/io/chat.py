@@ -610,7 +610,12 @@ def write_chat_jsonl(convs: Sequence[Conversation], path: str | Path) -> Path:
     Raises:
         ValueError: a metadata key collides with one of the written fields.
     """
-    out = Path(path)
+    from critic_audit.outputs import atomic_write
+
+    return atomic_write(path, lambda tmp: _write_chat_lines(convs, tmp))
+
+
+def _write_chat_lines(convs: Sequence[Conversation], out: Path) -> None:
     with out.open("w", encoding="utf-8") as fh:
         for c in convs:
             clash = [k for k in c.metadata if k in _WRITTEN]
@@ -626,4 +631,3 @@ def write_chat_jsonl(convs: Sequence[Conversation], path: str | Path) -> Path:
                 **c.metadata,
             }
             fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
-    return out

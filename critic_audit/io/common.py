@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -354,21 +352,11 @@ class IdRegistry:
 
 
 def _write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
-    """``write(tmp)`` to a temporary sibling of ``path``, then ``os.replace`` it onto ``path``."""
-    p = Path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-", dir=p.parent)
-    except OSError as e:
-        raise InputError(f"cannot write ({e.strerror or e})", path=p, fix="choose a writable --out path") from None
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    """``write(tmp)`` to a temporary sibling of ``path``, then renamed onto it
+    (:func:`critic_audit.outputs.atomic_write`)."""
+    from critic_audit.outputs import atomic_write
+
+    return atomic_write(path, lambda tmp: write(str(tmp)))
 
 
 def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> Path:
@@ -376,7 +364,7 @@ def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> Path:
     never sees a partial file and an interrupted write leaves the previous file intact.
 
     Raises:
-        InputError: the parent folder cannot be created or written.
+        ConfigError: the parent folder cannot be created or written.
     """
     return _write_atomic(path, df.write_parquet)
 
@@ -385,6 +373,6 @@ def write_text_atomic(text: str, path: str | Path) -> Path:
     """Write UTF-8 ``text`` to ``path`` atomically, as :func:`write_parquet_atomic` does.
 
     Raises:
-        InputError: the parent folder cannot be created or written.
+        ConfigError: the parent folder cannot be created or written.
     """
     return _write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

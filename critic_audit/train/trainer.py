@@ -14,26 +14,31 @@ One training step:
 
 Run folder::
 
+    critic-audit-manifest.json    marks the folder as a critic-audit run (critic_audit.outputs)
     config.json                   the resolved configuration
     metrics.jsonl                 one JSON object per step
     rollouts/step_000001/         trajectories.parquet, tokens.parquet (value, old_log_prob, advantage),
                                   rollouts.jsonl (chat format)
     checkpoints/step_N/           policy/ (causal LM), critic/ (token classification, num_labels 1),
-                                  trainer_state.pt (optimizers, schedulers, RNG states)
+                                  trainer_state.pt (optimizers, schedulers, RNG states: tensors and
+                                  plain values only, read with ``torch.load(weights_only=True)``)
     checkpoints/latest            the name of the newest complete checkpoint
 
-Resuming (``resume=True``) loads the newest checkpoint and drops metrics logged after it, so the next
-step's metrics equal those of an uninterrupted run (timings aside).
+Every file is written atomically (checkpoint and rollout folders are staged and renamed into place).
+Resuming (``resume=True``) loads the newest checkpoint and drops metrics logged after it (and a last
+line torn by a kill), so the next step's metrics equal those of an uninterrupted run (timings aside).
+A run stopped before its first checkpoint starts over from step 0, with or without ``resume``. A
+folder that is not a critic-audit run is never written over: a ``config.json`` (or ``metrics.jsonl``,
+``checkpoints/``, ``rollouts/``) there that the tool did not write is refused.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import random
+import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -45,6 +50,9 @@ import torch
 
 from critic_audit.critic.load import resolve_device
 from critic_audit.errors import CheckpointError, ConfigError
+from critic_audit.outputs import (
+    MANIFEST, atomic_write_text, check_out_path, publish, read_manifest, remove_owned, staging, write_manifest,
+)
 from critic_audit.rl import (
     RolloutBatch,
     ValueLossConfig,
@@ -71,6 +79,11 @@ MetricsCallback = Callable[[dict[str, Any]], None]
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "trainer_state.pt"
+#: Marks a trainer state of this layout (tensors and plain values, weights-only loadable).
+STATE_FORMAT = "critic-audit trainer state v2"
+#: The manifest kind of a run folder, and the folders of it the trainer owns whole.
+RUN_KIND = "train-run"
+RUN_DIRS = ("checkpoints", "rollouts", "tensorboard")
 
 
 def env_seed(seed: int, step: int, prompt: int) -> int:
@@ -112,12 +125,15 @@ class Trainer:
         progress: optional ``progress(stage, done, total)`` callback.
         on_metrics: optional callback receiving each step's metrics dict.
         resume: load the newest checkpoint of ``run_dir`` and its saved config (``config`` is then
-            ignored) if there is one.
+            ignored); a run stopped before its first checkpoint starts over from step 0.
         steps: train up to this many steps (overrides the config's; the way to extend a resumed run).
 
     Raises:
-        ConfigError: bad configuration, or a run folder holding another run's config without ``resume``.
-        CheckpointError: an unreadable checkpoint.
+        ConfigError: bad configuration; a run folder holding a run with a checkpoint without
+            ``resume``; ``resume`` without a run; a folder holding a ``config.json`` (``metrics.jsonl``,
+            ``checkpoints/``, ...) critic-audit did not write; ``/``, ``.``, the home folder.
+        CheckpointError: an unreadable checkpoint, or a trainer state that does not load with
+            ``torch.load(weights_only=True)`` (refused: a full unpickle can run code).
     """
 
     def __init__(self, config: TrainConfig, run_dir: str | Path, *, progress: Progress | None = None,
@@ -125,24 +141,9 @@ class Trainer:
                  steps: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.progress, self.on_metrics = progress, on_metrics
-        latest = self.run_dir / "checkpoints" / "latest"
         self.resumed_from: str | None = None
         self.notes: list[str] = []
-        if resume and not latest.is_file():
-            what = "no checkpoint" if (self.run_dir / METRICS_FILE).exists() else "no run"
-            raise ConfigError(f"--resume: {what} to resume in this folder (checkpoints/latest is missing)",
-                              path=self.run_dir, fix="drop --resume to start a new run in a new --out folder")
-        if resume:
-            # a resumed run keeps its saved configuration; only the number of steps may change
-            cfg_path = self.run_dir / CONFIG_FILE
-            try:
-                config = config_from_dict(json.loads(cfg_path.read_text()))
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"cannot read the run's saved config ({str(e).splitlines()[0]})", path=cfg_path,
-                                  fix="restore config.json of this run, or start a new run in another --out") from None
-        elif (self.run_dir / METRICS_FILE).exists() and not resume:
-            raise ConfigError("the run folder already holds a run", path=self.run_dir,
-                              fix="pass --resume to continue it, or choose another --out")
+        config, load = self._open_run_folder(config, resume)
         if steps is not None:
             config = replace(config, steps=steps)
         self.config = config
@@ -187,13 +188,85 @@ class Trainer:
         self.env_steps = 0
         self.episodes_seen = 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if resume and latest.is_file():
-            self._load(self.run_dir / "checkpoints" / latest.read_text().strip())
-        else:
+        if load:
+            self._load(self._latest_checkpoint())
+        else:  # the manifest first: a kill between the two leaves a folder that is still ours
+            write_manifest(self.run_dir, RUN_KIND, files=[CONFIG_FILE, METRICS_FILE], dirs=RUN_DIRS)
             self._write_json(self.run_dir / CONFIG_FILE, config_to_dict(config))
         self.tb = self._tensorboard()
 
     # ------------------------------------------------------------------------------------------
+    def _open_run_folder(self, config: TrainConfig, resume: bool) -> tuple[TrainConfig, bool]:
+        """Decide what the run folder allows: returns ``(config, load a checkpoint)``.
+
+        A critic-audit run folder (its manifest) with a checkpoint resumes (``resume``) or is refused;
+        one stopped before its first checkpoint starts over. A folder that is not one is refused where
+        the run would write over a file the tool did not write."""
+        run = self.run_dir
+        check_out_path(run)
+        if run.exists() and not run.is_dir():
+            raise ConfigError("the run folder is a file", path=run, fix="pass a folder to --out")
+        manifest = read_manifest(run) if run.is_dir() else None
+        ours = manifest is not None and manifest.get("kind") == RUN_KIND
+        has_checkpoint = ours and (run / "checkpoints" / "latest").is_file()
+        if not ours:
+            taken = [n for n in (CONFIG_FILE, METRICS_FILE, *RUN_DIRS) if (run / n).exists() or (run / n).is_symlink()]
+            if resume:
+                what = (f"holds {taken[0]}, which critic-audit train did not write" if taken
+                        else "holds no run")
+                raise ConfigError(f"--resume: no run to resume in this folder: it {what} "
+                                  f"(no {MANIFEST} of a training run)", path=run,
+                                  fix="drop --resume to start a new run in a new --out folder")
+            if taken:
+                raise ConfigError(f"{taken[0]} in the run folder was not written by critic-audit train; "
+                                  "refusing to overwrite it", path=run,
+                                  fix="choose a new or empty --out folder for the run")
+            return config, False
+        if resume:
+            cfg_path = run / CONFIG_FILE
+            try:
+                config = config_from_dict(json.loads(cfg_path.read_text()))
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"cannot read the run's saved config ({str(e).splitlines()[0]})", path=cfg_path,
+                                  fix="restore config.json of this run, or start a new run in another --out") from None
+        if has_checkpoint:
+            if not resume:
+                raise ConfigError("the run folder already holds a run", path=run,
+                                  fix="pass --resume to continue it, or choose another --out")
+            return config, True
+        # no checkpoint: stopped before its first one (start over), or its checkpoints are gone
+        saved = self._saved_config() if not resume else config
+        first = min(saved.log.save_every, saved.steps) if saved is not None else 1
+        logged = [rec["step"] for rec in _metrics_records(run / METRICS_FILE)]
+        if logged and max(logged) >= first:
+            if resume:
+                raise ConfigError(f"--resume: no checkpoint to resume in this folder (checkpoints/latest is missing, "
+                                  f"but metrics.jsonl reaches step {max(logged)})", path=run,
+                                  fix="restore checkpoints/, or start a new run in a new --out folder")
+            raise ConfigError("the run folder already holds a run", path=run,
+                              fix="pass --resume to continue it, or choose another --out")
+        self.notes.append(f"{run} held a run stopped before its first checkpoint"
+                          f"{f' (metrics up to step {max(logged)})' if logged else ''}: starting it over from step 0")
+        (run / METRICS_FILE).unlink(missing_ok=True)
+        for d in RUN_DIRS:
+            if (run / d).is_dir() and not (run / d).is_symlink():
+                shutil.rmtree(run / d, ignore_errors=True)
+        return config, False
+
+    def _saved_config(self) -> TrainConfig | None:
+        try:
+            return config_from_dict(json.loads((self.run_dir / CONFIG_FILE).read_text()))
+        except Exception:  # noqa: BLE001 - a run folder stopped while writing it
+            return None
+
+    def _latest_checkpoint(self) -> Path:
+        latest = self.run_dir / "checkpoints" / "latest"
+        name = latest.read_text().strip()
+        if not re.fullmatch(r"step_\d+", name):
+            raise CheckpointError(f"checkpoints/latest names {name[:40]!r}, not a checkpoint folder step_N",
+                                  path=latest, fix="write the name of the newest checkpoint folder (e.g. step_10)")
+        return self.run_dir / "checkpoints" / name
+
     def _probe_env(self) -> Any:
         try:
             return self.make_env()
@@ -213,9 +286,7 @@ class Trainer:
 
     @staticmethod
     def _write_json(path: Path, obj: Any) -> None:
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(obj, indent=2, default=str))
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(obj, indent=2, default=str))
 
     def _ac(self) -> Any:
         return autocast(self.device, self.dtype)
@@ -412,30 +483,44 @@ class Trainer:
     def _write_rollouts(self, episodes: list[Any], s: int, values: torch.Tensor | None, old_lp: torch.Tensor,
                         adv: torch.Tensor) -> None:
         folder = self.run_dir / "rollouts" / f"step_{s:06d}"
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent if folder.parent.exists()
-                                    else _mkdir(folder.parent)))
         trajs, tokens = episodes_to_tables(episodes, step=s, checkpoint=f"step_{s - 1}", source=self.source,
                                            values=None if values is None else values.cpu(),
                                            old_log_probs=old_lp.cpu(), advantages=adv.cpu())
-        trajs.write_parquet(tmp / "trajectories.parquet")
-        tokens.write_parquet(tmp / "tokens.parquet")
-        with open(tmp / "rollouts.jsonl", "w", encoding="utf-8") as f:
-            for rec in episodes_to_chat(episodes, step=s):
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.rename(tmp, folder)
+        with staging(folder) as tmp:  # a rewritten step (after a resume) replaces the old one atomically
+            trajs.write_parquet(tmp / "trajectories.parquet")
+            tokens.write_parquet(tmp / "tokens.parquet")
+            with open(tmp / "rollouts.jsonl", "w", encoding="utf-8") as f:
+                for rec in episodes_to_chat(episodes, step=s):
+                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            publish(tmp, folder, kind="rollouts", option="rollout folder")
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step_N`` (policy, critic, trainer state) atomically and point ``latest`` at it;
         prune to ``log.keep_checkpoints``."""
         root = _mkdir(self.run_dir / "checkpoints")
         name = f"step_{self.step_count}"
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
-        save_model(self.policy, self.tokenizer, tmp / "policy")
-        if self.critic is not None:
-            save_model(self.critic, self.tokenizer, tmp / "critic")
-        state = {
+        final = root / name
+        with staging(final) as tmp:
+            save_model(self.policy, self.tokenizer, tmp / "policy")
+            if self.critic is not None:
+                save_model(self.critic, self.tokenizer, tmp / "critic")
+            torch.save(self._state(), tmp / STATE_FILE)
+            publish(tmp, final, kind="checkpoint", option="checkpoint folder")
+        atomic_write_text(root / "latest", name)
+        keep = self.config.log.keep_checkpoints
+        if keep:
+            done = sorted((p for p in root.glob("step_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
+            for old in done[:-keep]:
+                remove_owned(old)  # by its manifest: nothing the tool did not write
+        return final
+
+    def _state(self) -> dict[str, Any]:
+        """The trainer state: tensors and plain Python values only, so that it loads with
+        ``torch.load(weights_only=True)`` (no pickled objects, no code run on loading)."""
+        py_version, py_state, py_gauss = random.getstate()
+        np_key, np_state, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+        return {
+            "format": STATE_FORMAT,
             "step": self.step_count,
             "env_steps": self.env_steps,
             "episodes": self.episodes_seen,
@@ -447,23 +532,11 @@ class Trainer:
             "shuffle_gen": self.shuffle_gen.get_state(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "python_rng": random.getstate(),
-            "numpy_rng": np.random.get_state(),
+            "python_rng": {"version": int(py_version), "state": torch.tensor(py_state, dtype=torch.int64),
+                           "gauss": py_gauss},
+            "numpy_rng": {"key": str(np_key), "state": torch.from_numpy(np_state.astype(np.int64)),
+                          "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
         }
-        torch.save(state, tmp / STATE_FILE)
-        final = root / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        latest_tmp = root / ".latest.tmp"
-        latest_tmp.write_text(name)
-        os.replace(latest_tmp, root / "latest")
-        keep = self.config.log.keep_checkpoints
-        if keep:
-            done = sorted((p for p in root.glob("step_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
-            for old in done[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
-        return final
 
     def _load(self, folder: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
@@ -479,28 +552,36 @@ class Trainer:
                 cri = AutoModelForTokenClassification.from_pretrained(folder / "critic", dtype=torch.float32,
                                                                       attn_implementation="sdpa")
                 self.critic.load_state_dict(cri.state_dict())
-        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
-        self.policy_opt.load_state_dict(state["policy_opt"])
-        self.policy_sched.load_state_dict(state["policy_sched"])
-        if self.critic_opt is not None and state["critic_opt"] is not None:
-            self.critic_opt.load_state_dict(state["critic_opt"])
-            self.critic_sched.load_state_dict(state["critic_sched"])
-        self.sample_gen.set_state(state["sample_gen"])
-        self.shuffle_gen.set_state(state["shuffle_gen"])
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        random.setstate(state["python_rng"])
-        np.random.set_state(state["numpy_rng"])
-        self.step_count = int(state["step"])
-        self.env_steps = int(state["env_steps"])
-        self.episodes_seen = int(state["episodes"])
+        state = _load_state(folder / STATE_FILE)
+        try:
+            self.policy_opt.load_state_dict(state["policy_opt"])
+            self.policy_sched.load_state_dict(state["policy_sched"])
+            if self.critic_opt is not None and state["critic_opt"] is not None:
+                self.critic_opt.load_state_dict(state["critic_opt"])
+                self.critic_sched.load_state_dict(state["critic_sched"])
+            self.sample_gen.set_state(state["sample_gen"])
+            self.shuffle_gen.set_state(state["shuffle_gen"])
+            torch.set_rng_state(state["torch_rng"])
+            if state["cuda_rng"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["cuda_rng"])
+            py = state["python_rng"]
+            random.setstate((int(py["version"]), tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+            nr = state["numpy_rng"]
+            np.random.set_state((nr["key"], nr["state"].numpy().astype(np.uint32), int(nr["pos"]),
+                                 int(nr["has_gauss"]), float(nr["gauss"])))
+            self.step_count = int(state["step"])
+            self.env_steps = int(state["env_steps"])
+            self.episodes_seen = int(state["episodes"])
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
+            raise CheckpointError(f"{STATE_FILE} does not match this run ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''})", path=folder,
+                                  fix="resume a run folder written by this critic-audit version, or start a new run") from None
         self.resumed_from = folder.name
-        # metrics logged after the checkpoint belong to a step that will be re-run
+        # metrics logged after the checkpoint belong to a step that will be re-run (a torn last line too)
         path = self.run_dir / METRICS_FILE
         if path.exists():
-            kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step_count]
-            path.write_text("".join(ln + "\n" for ln in kept))
+            kept = [json.dumps(rec) for rec in _metrics_records(path) if rec["step"] <= self.step_count]
+            atomic_write_text(path, "".join(ln + "\n" for ln in kept))
 
     def train(self) -> list[dict[str, Any]]:
         """Run the remaining steps up to ``config.steps``; returns their metrics."""
@@ -528,6 +609,62 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, ste
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The metrics of a run folder, one dict per step."""
-    path = Path(run_dir) / METRICS_FILE
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    """The metrics of a run folder, one dict per step (a last line torn by a kill is left out).
+
+    Raises:
+        ConfigError: a line before the last is not a metrics record.
+    """
+    return _metrics_records(Path(run_dir) / METRICS_FILE)
+
+
+def _metrics_records(path: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` (none when it is missing). The last line may be torn (a kill
+    during the append): it is dropped; a bad line before it is an error naming the line."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise ConfigError(f"cannot read the metrics ({e.strerror or e})", path=path, fix="check its permissions") from None
+    lines = text.split("\n")
+    out = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            rec = None
+        if not (isinstance(rec, dict) and isinstance(rec.get("step"), int)):
+            if not any(x.strip() for x in lines[i + 1:]):
+                break  # the torn last line of a killed append
+            raise ConfigError(f"line {i + 1} is not a metrics record (a JSON object with an integer step)",
+                              path=path, fix="repair or delete that line")
+        out.append(rec)
+    return out
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    """``trainer_state.pt`` read with ``torch.load(weights_only=True)``; anything that would need a full
+    unpickle (which can run code planted in a shared run folder) is refused.
+
+    Raises:
+        CheckpointError: the file is missing, is not a weights-only file, or is not a trainer state.
+    """
+    if not path.is_file():
+        raise CheckpointError(f"incomplete checkpoint (no {STATE_FILE})", path=path.parent)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError, ...
+        text = str(e)
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        why = (f"it holds the Python object {found.group(1)}, which only a full unpickle could build" if found
+               else (text.strip().splitlines() or [type(e).__name__])[0])
+        raise CheckpointError(f"refusing to load {STATE_FILE}: it does not load with torch.load(weights_only=True) "
+                              f"({why}); a full unpickle can run code planted in the file", path=path.parent,
+                              fix="resume only a run folder written by this critic-audit version; to start over, "
+                                  "train into a new --out") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{STATE_FILE} is not a critic-audit trainer state (format {STATE_FORMAT})",
+                              path=path.parent, fix="resume a run folder written by this critic-audit version")
+    return state
