@@ -313,9 +313,10 @@ def remove_owned(folder: str | Path) -> bool:
 # --------------------------------------------------------------------------------------------- folders
 
 
-def check_replaceable(out: Path, *, overwrite: bool = False, option: str = "--out") -> None:
+def check_replaceable(out: Path, *, overwrite: bool = False, option: str = "--out", writes: Sequence[str] = ()) -> None:
     """Refuse an existing ``out`` that is a file, or a folder holding files the tool did not write
-    (unless ``overwrite``: then they are kept and the output is written next to them).
+    (unless ``overwrite``: then they are kept and the output is written next to them, and only a clash
+    with one of the top-level names in ``writes`` is refused; :func:`publish` checks every path).
 
     Raises:
         ConfigError: as above.
@@ -333,6 +334,14 @@ def check_replaceable(out: Path, *, overwrite: bool = False, option: str = "--ou
             f"({', '.join(foreign)}{', ...' if len(foreign) >= 3 else ''})",
             fix=f"pass a new or empty folder, or --overwrite to write next to them (a file critic-audit did "
                 f"not write is never replaced or removed)")
+    if foreign and writes:
+        m = read_manifest(out)
+        owned = set(m["files"]) | set(m.get("dirs", [])) | _ancestors([*m["files"], *m.get("dirs", [])]) if m else set()
+        for name in writes:
+            p = out / name
+            if (p.exists() or p.is_symlink()) and name not in owned:
+                raise ConfigError(f"{option} {out}: {name} was not written by critic-audit (no manifest lists it); "
+                                  "refusing to replace it", fix="pass a new or empty folder, or move that file away")
 
 
 def _alive(pid: int) -> bool:

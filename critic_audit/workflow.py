@@ -227,8 +227,13 @@ def check_output_folder(out_dir: Path, inputs: Sequence[str | Path] = (), *, ove
         if rp == out_dir or out_dir in rp.parents:
             raise ConfigError(f"the output folder {out_dir} is (or holds) the input {p}",
                               fix="pass another --out, e.g. --out audit_out2")
-    check_replaceable(out_dir, overwrite=overwrite)
+    check_replaceable(out_dir, overwrite=overwrite, writes=OUTPUT_NAMES)
     return out_dir
+
+
+#: The top-level names an analyze output folder may hold.
+OUTPUT_NAMES = ("summary.json", "config.json", "trajectories.parquet", "tokens.parquet", "report.md", "report.html",
+                "plots", "critics")
 
 
 _PLOT_DIRS = ("plots",)
