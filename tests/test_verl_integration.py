@@ -200,6 +200,22 @@ def test_the_block_restores_verl_after_an_error(options):
     assert (verl_ray_trainer.compute_advantage, verl_v1_utils.compute_advantage) == before
 
 
+def test_masked_rewards_raise_through_verl_unless_moved(options):
+    from critic_audit.integrations.verl.plugin import masked_reward_metrics
+    from critic_audit.rl import MaskedRewardError
+
+    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 0, 1]])
+    r = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]])  # row 0 ends in a tool output
+    fn = core_algos.get_adv_estimator_fn("mpo")
+    options()
+    with pytest.raises(MaskedRewardError, match="row 0, position 3"):
+        fn(token_level_rewards=r, response_mask=mask, values=torch.zeros(2, 4))
+    options(masked_rewards="move")
+    masked_reward_metrics()
+    fn(token_level_rewards=r, response_mask=mask, values=torch.zeros(2, 4))
+    assert masked_reward_metrics()["critic_audit/masked_rewards_moved"] == 1.0
+
+
 def test_rewards_on_tool_tokens_move_to_the_last_policy_token():
     mask = torch.tensor([[1, 1, 0, 0], [0, 1, 0, 1], [0, 0, 1, 1]])
     r = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.0], [2.0, 0.0, 0.0, 3.0]])

@@ -21,6 +21,9 @@ key                     used by                   meaning
 ``whiten``              all estimators            batch whitening of the advantages (true)
 ``ratio_mode``          mpo loss                  ``product`` (the paper) or ``geomean``
 ``log_ratio_clamp``     mpo loss                  |log rho_k| clamp before exp (10)
+``masked_rewards``      all estimators            a reward on a masked token: ``raise`` (default,
+                                                  MaskedRewardError) or ``move`` (onto the last policy
+                                                  token; counted as a step metric)
 ``dump_dir``            trainer                   folder of the per-step rollout tables ('' = none)
 ``dump_every``          trainer                   write the rollouts every N steps (1)
 ======================  ========================  =====================================================
@@ -52,6 +55,7 @@ KNOWN_KEYS: dict[str, type | tuple[type, ...]] = {
     "whiten": bool,
     "ratio_mode": str,
     "log_ratio_clamp": (int, float),
+    "masked_rewards": str,
     "dump_dir": str,
     "dump_every": int,
 }
@@ -80,6 +84,9 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if out.get("ratio_mode", "product") not in ("product", "geomean"):
         raise ConfigError(f"critic_audit.ratio_mode = {out['ratio_mode']!r} is not a turn-ratio mode",
                           fix="use 'product' (the paper) or 'geomean'")
+    if out.get("masked_rewards", "raise") not in ("raise", "move"):
+        raise ConfigError(f"critic_audit.masked_rewards = {out['masked_rewards']!r} is not a mode",
+                          fix="use 'raise' (the default: refuse rewards on masked tokens) or 'move'")
     for key in ("lam", "lam_intra", "lam_critic", "lam_actor"):
         if key in out and not 0.0 <= out[key] <= 1.0:
             raise ConfigError(f"critic_audit.{key} = {out[key]} is outside [0, 1]", fix=f"set critic_audit.{key} in [0, 1]")

@@ -14,6 +14,11 @@ Registered (the arithmetic is :mod:`critic_audit.rl`'s; formulas and sources in 
 - policy losses (``actor.policy_loss.loss_mode=...``): ``mpo`` (whole-turn importance ratio,
   arXiv:2610.35013) and ``sao`` (double-sided hard mask), also as ``critic_audit.<name>``.
 
+A reward on a masked token (verl's last response token, when a multi-turn response ends in a tool
+output) raises :class:`critic_audit.rl.MaskedRewardError`; ``+critic_audit.masked_rewards=move`` moves it
+onto the last policy token and reports the count as the step metric ``critic_audit/masked_rewards_moved``
+(:mod:`critic_audit.integrations.verl.rewards`).
+
 All of these need critic values, and verl's ``compute_advantage`` hands none to a registered
 estimator: run them through :mod:`critic_audit.integrations.verl.main` (or
 :func:`~critic_audit.integrations.verl.trainer.values_to_estimators`), else the estimator stops with
@@ -38,6 +43,7 @@ from verl.trainer.ppo import core_algos
 
 from critic_audit.errors import ConfigError, CriticAuditError
 from critic_audit.integrations.verl.options import read_options
+from critic_audit.integrations.verl.rewards import masked_reward_metrics, move_masked_rewards, place_masked_rewards
 from critic_audit.rl import (
     DecoupledGAEConfig,
     MAEConfig,
@@ -55,6 +61,7 @@ __all__ = [
     "POLICY_LOSSES",
     "CriticValuesMissing",
     "estimator_config",
+    "masked_reward_metrics",
     "move_masked_rewards",
     "registered_estimators",
     "registered_losses",
@@ -125,36 +132,6 @@ def _get(cfg: Any, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def move_masked_rewards(token_rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, int]:
-    """Rewards on masked tokens moved onto the last policy token at or before them.
-
-    verl puts the outcome reward on the last response token; a multi-turn response that ends in a tool
-    output (truncated at the turn limit) has it on a masked token. MPO's turn arithmetic needs every
-    reward on a policy token, so it moves to the end of the last policy turn. A reward before the
-    row's first policy token is dropped (the row has no action to credit).
-
-    Args:
-        token_rewards: (B, R) float.
-        response_mask: (B, R) bool or 0/1.
-
-    Returns:
-        The moved (B, R) rewards (a new tensor) and the number of rewards moved.
-    """
-    mask = response_mask.bool()
-    stray = (token_rewards != 0) & ~mask
-    n = int(stray.sum())
-    if n == 0:
-        return token_rewards, 0
-    B, R = mask.shape
-    pos = torch.arange(R, device=mask.device).expand(B, R)
-    # index of the last policy token at or before t (-1: none yet)
-    last = torch.cummax(torch.where(mask, pos, torch.full_like(pos, -1)), dim=1).values
-    out = torch.where(mask, token_rewards, torch.zeros_like(token_rewards))
-    moved = torch.where(stray & (last >= 0), token_rewards, torch.zeros_like(token_rewards))
-    out.scatter_add_(1, last.clamp(min=0), moved)
-    return out, n
-
-
 def _group_ids(index: Any, n: int) -> Tensor | None:
     if index is None:
         return None
@@ -181,14 +158,18 @@ def _make_estimator(verl_name: str, ours: str):
                 fix="launch with `python -m critic_audit.integrations.verl.main` (or wrap verl's trainer in "
                     "critic_audit.integrations.verl.trainer.values_to_estimators()) and keep critic.enable=True",
             )
-        rewards, _moved = move_masked_rewards(token_level_rewards.float(), response_mask)
+        options = read_options()
+        # a reward on a masked token: refused (MaskedRewardError) unless critic_audit.masked_rewards=move,
+        # which moves it onto the last policy token and counts it (critic_audit/masked_rewards_moved)
+        rewards = place_masked_rewards(token_level_rewards.float(), response_mask,
+                                       options.get("masked_rewards", "raise"))
         batch = RolloutBatch(
             token_rewards=rewards,
             values=values.float(),
             response_mask=response_mask.bool(),
             group_ids=_group_ids(index, rewards.shape[0]),
         )
-        cfg = estimator_config(ours, config, read_options())
+        cfg = estimator_config(ours, config, options)
         out = compute_advantages(ours, batch, cfg)
         return out.advantages, out.returns
 

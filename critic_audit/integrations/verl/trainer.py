@@ -190,6 +190,8 @@ if PPOTrainerSync is not None:
             with values_to_estimators():
                 batch = super()._compute_advantage(batch, metrics=metrics)
             options = read_options()
+            if options.get("masked_rewards") == "move" and isinstance(metrics, dict):
+                metrics.update(plugin.masked_reward_metrics())  # rewards moved / dropped this step
             if _dump_due(self.global_steps, options):
                 self._dump_rollouts(batch, options["dump_dir"])
             return batch
