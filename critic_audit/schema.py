@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
 
-from critic_audit.errors import SchemaError
+from critic_audit.errors import InputError, SchemaError
 
 #: Message roles accepted in chat conversations (OpenAI chat-completions).
 ROLES = ("system", "user", "assistant", "tool")
@@ -75,10 +76,61 @@ class Conversation:
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     record: str = ""
 
+    def __post_init__(self) -> None:
+        bad = lone_surrogate({"id": self.trajectory_id, "messages": self.messages, "group_id": self.group_id,
+                              "checkpoint": self.checkpoint, "source": self.source, "metadata": self.metadata})
+        if bad is not None:
+            raise surrogate_error(bad, self.record or f"trajectory {self.trajectory_id!r}")
+
     @property
     def num_turns(self) -> int:
         """Number of assistant messages (turns K)."""
         return sum(1 for m in self.messages if m.get("role") == "assistant")
+
+
+def _bad_text(s: str) -> bool:
+    if s.isascii():
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def lone_surrogate(value: Any, where: str = "") -> str | None:
+    """Where in ``value`` (nested dicts / lists of JSON data) the first string or key holding a lone
+    UTF-16 surrogate (U+D800..U+DFFF, valid in a JSON ``\\uD800`` escape, not in UTF-8) sits, as a path
+    such as ``messages[2].content``; None when there is none."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, str):
+            if _bad_text(v):
+                return p or "a string"
+        elif isinstance(v, Mapping):
+            items = []
+            for k, x in v.items():
+                kp = f"{p}.{ascii(k)[1:-1] if isinstance(k, str) else k}" if p else (ascii(k)[1:-1] if isinstance(k, str) else str(k))
+                if isinstance(k, str) and _bad_text(k):
+                    return f"the key {kp}"
+                items.append((x, kp))
+            stack.extend(reversed(items))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{p}[{i}]") for i, x in reversed(list(enumerate(v))) if not isinstance(x, (int, float)))
+    return None
+
+
+def surrogate_error(field: str, label: str | None = None, *, path: Any = None, record: Any = None) -> InputError:
+    """The :class:`InputError` (reason ``invalid_unicode``, skipped and counted under ``--lenient``)
+    for a lone surrogate at ``field``; ``label`` is a ``file: record N`` label, or ``path`` and
+    ``record`` name the file and the record."""
+    problem = (f"lone UTF-16 surrogate in {field} (a \\uD800-\\uDFFF escape without its pair, e.g. an "
+               "emoji cut in half); it cannot be written as UTF-8")
+    e = InputError(f"{label}: {problem}" if label else problem, path=path, record=record,
+                   fix="repair the text at its source, or pass --lenient to skip such records")
+    e.reason = "invalid_unicode"  # type: ignore[attr-defined]
+    return e
 
 
 def conversations_to_trajectories(convs: list[Conversation]) -> pl.DataFrame:

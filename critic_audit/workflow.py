@@ -18,7 +18,7 @@ import polars as pl
 
 from critic_audit import __version__
 from critic_audit.analysis.audit import AuditConfig, AuditResult, audit
-from critic_audit.errors import ConfigError, InputError
+from critic_audit.errors import ConfigError, InputError, SchemaError
 from critic_audit.io.chat import ChatReadOptions, read_chat
 from critic_audit.io.common import InputOptions, ReadReport
 from critic_audit.outputs import check_out_path, check_replaceable, publish, staging
@@ -207,6 +207,14 @@ def read_tables(path: str | Path, *, read_options: ChatReadOptions | None = None
         rows = trajs.filter(pl.col("excluded").is_in(list(PRE_SCORING_EXCLUSIONS)))
         pre = dict(zip(rows["trajectory_id"].cast(pl.String).to_list(), rows["excluded"].to_list()))
     trajs = validate(trajs, "trajectories", path=str(traj_path)).select(list(TRAJECTORY_SCHEMA))
+    orphans = tokens.select("trajectory_id").unique().join(trajs.select("trajectory_id"), on="trajectory_id", how="anti")
+    if orphans.height:
+        first = orphans.sort("trajectory_id")["trajectory_id"][0]
+        n_rows = tokens.filter(pl.col("trajectory_id").is_in(orphans["trajectory_id"].implode())).height
+        raise SchemaError(f"{n_rows} token row(s) of {orphans.height} trajectory id(s) are missing from "
+                          f"{traj_path.name}", path=tok_path, record=f"trajectory {first!r}",
+                          fix="write both tables from the same rollouts (or remove trajectories.parquet to "
+                              "derive it from the tokens)")
     return trajs, tokens, pre
 
 
@@ -357,6 +365,8 @@ def _audit_one(
                          fix="give every rollout a unique id")
 
     if critic is not None:
+        for p, tk in zip(table_inputs, token_parts):  # before scoring: name the file and the trajectory
+            _check_scorable(tk, critic, p)
         tokens = _score_missing(tokens, critic, scoring, inference, progress)
 
     result = audit(trajectories, tokens, audit_config, pre_excluded=pre_excluded)
@@ -621,6 +631,43 @@ def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: A
             render_folder(tmp, pl.scan_parquet(tok_path), result.per_trajectory, result.summary)
         _publish(tmp, out_dir, overwrite)
     return AnalyzeOutcome(result, None, out_dir)
+
+
+def _check_scorable(tokens: pl.DataFrame, critic: Any, path: str | Path) -> None:
+    """The trajectories of a table input that the critic will score fit its vocabulary and context.
+
+    Raises:
+        InputError: a token id outside ``[0, vocab)`` or a trajectory longer than the critic's context,
+            naming the file, the trajectory and the position.
+    """
+    need = tokens.filter(pl.col("response_mask") & pl.col("value").is_null())["trajectory_id"].unique()
+    if need.len() == 0:
+        return
+    todo = tokens.filter(pl.col("trajectory_id").is_in(need.implode()))
+    vocab = getattr(critic, "vocab_size", None)
+    if vocab is None:
+        from critic_audit.critic.infer import _vocab_size
+
+        vocab = _vocab_size(critic)
+    if vocab is not None:
+        bad = todo.filter((pl.col("token_id") < 0) | (pl.col("token_id") >= vocab) | pl.col("token_id").is_null())
+        if bad.height:
+            row = bad.sort(["trajectory_id", "position"]).row(0, named=True)
+            raise InputError(
+                f"token id {row['token_id']} at position {row['position']} is outside the critic's vocabulary "
+                f"[0, {vocab}) ({bad.height} such token(s) in {bad['trajectory_id'].n_unique()} trajectory(ies))",
+                path=path, record=f"trajectory {row['trajectory_id']!r}",
+                fix="these token ids come from another tokenizer: score them with a critic of that tokenizer, or "
+                    "audit the chat rollouts so that the critic's tokenizer renders them")
+    max_len = getattr(critic, "max_length", None)
+    if max_len:
+        lengths = todo.group_by("trajectory_id").agg(n=pl.len()).filter(pl.col("n") > max_len)
+        if lengths.height:
+            row = lengths.sort("trajectory_id").row(0, named=True)
+            raise InputError(f"{row['n']} tokens, more than the critic's context of {max_len} "
+                             f"({lengths.height} such trajectory(ies))", path=path,
+                             record=f"trajectory {row['trajectory_id']!r}",
+                             fix="audit with a critic of a longer context, or drop the over-long trajectories")
 
 
 def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, inference: dict[str, Any],

@@ -196,9 +196,10 @@ def audit(
     ids = trajectories["trajectory_id"]
     index = pl.DataFrame({"trajectory_id": ids, "_b": np.arange(len(ids), dtype=np.int64)})
     sel = sel.join(index, on="trajectory_id", how="left", maintain_order="left")
-    unknown = sel.filter(pl.col("_b").is_null()).height
-    if unknown:
-        raise SchemaError(f"{unknown} token row(s) belong to trajectories missing from the trajectories table",
+    orphan = sel.filter(pl.col("_b").is_null())
+    if orphan.height:
+        raise SchemaError(f"{orphan.height} token row(s) belong to trajectories missing from the trajectories table",
+                          record=f"trajectory {orphan['trajectory_id'][0]!r}",
                           fix="write both tables from the same rollouts")
     stats = decompose(
         sel["_b"].to_numpy(), sel["seg"].to_numpy(), sel["value"].to_numpy(),

@@ -180,9 +180,11 @@ def weight_files(path: Path) -> list[Path]:
     pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
     if pickles:
         raise CheckpointError(
-            f"only pickle weights ({', '.join(pickles[:3])}); critic-audit loads safetensors only",
+            f"only pickle weights ({', '.join(pickles[:3])}); pickle files are refused by default (loading one "
+            "can run code)",
             path=path,
-            fix="convert them: load the model with transformers and save_pretrained(..., safe_serialization=True)",
+            fix="pass --allow-pickle (allow_pickle=True) to read them with torch.load(weights_only=True), or "
+                "convert them to safetensors with save_pretrained(..., safe_serialization=True)",
         )
     raise CheckpointError("no weights (*.safetensors) in the folder", path=path, fix=FIT_FIX)
 

@@ -35,7 +35,7 @@ from critic_audit.io.chat import ChatReadOptions, _Ctx, _short, _type_name
 from critic_audit.io.common import (
     IdRegistry, InputOptions, ReadReport, error, files_of, guarded, iter_json_records, record_fields,
 )
-from critic_audit.schema import TOKEN_SCHEMA, TRAJECTORY_SCHEMA, validate
+from critic_audit.schema import TOKEN_SCHEMA, TRAJECTORY_SCHEMA, lone_surrogate, surrogate_error, validate
 
 __all__ = ["read_tokenized", "is_tokenized_record", "tokenized_columns", "sequences_to_tables", "TokenSequence"]
 
@@ -240,11 +240,47 @@ def _iter_rows(file: Path, iopts: InputOptions, report: ReadReport | None) -> It
                              path=file, fix="pass a Parquet file of tokenized rows") from None
         index = 0
         for rg in range(pf.num_row_groups):
-            for row in pf.read_row_group(rg).to_pylist():
-                yield row, _Ctx(file, index)
+            rows = _row_group_rows(pf, rg, file, index, iopts, report)
+            for row in rows:
+                if row is not None:
+                    yield row, _Ctx(file, index)
                 index += 1
         return
     yield from iter_json_records(file, is_tokenized_record, "tokenized", iopts.lenient, report)
+
+
+def _row_group_rows(pf: Any, rg: int, file: Path, first: int, iopts: InputOptions,
+                    report: ReadReport | None) -> list[Any]:
+    """The rows of row group ``rg`` (None for a row that cannot be decoded, skipped in lenient mode). A
+    corrupt data page loses the whole row group; invalid UTF-8 only its rows."""
+    n = pf.metadata.row_group(rg).num_rows
+    try:
+        table = pf.read_row_group(rg)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises OSError, ArrowInvalid, ... for a corrupt page
+        err = error(_Ctx(file, first), "bad_parquet", f"cannot read Parquet row group {rg} (rows {first}-{first + n - 1}: "
+                    f"{(str(e).strip().splitlines() or [type(e).__name__])[0]})",
+                    "re-write the file, or pass --lenient to skip the unreadable row group")
+        if not iopts.lenient:
+            raise err from None
+        for _ in range(n):
+            (report if report is not None else ReadReport()).skip(err)
+        return []
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:  # invalid UTF-8 in a string column: find the rows
+        pass
+    out: list[Any] = []
+    for i in range(table.num_rows):
+        try:
+            out.append(table.slice(i, 1).to_pylist()[0])
+        except UnicodeDecodeError as e:
+            err = error(_Ctx(file, first + i), "bad_parquet", f"invalid UTF-8 in a string column ({e.reason} at "
+                        f"byte {e.start})", "re-write the strings as UTF-8, or pass --lenient to skip the row")
+            if not iopts.lenient:
+                raise err from None
+            (report if report is not None else ReadReport()).skip(err)
+            out.append(None)
+    return out
 
 
 def _group_steps(rows: Iterator[tuple[Any, _Ctx]], opts: ChatReadOptions) -> Iterator[tuple[Any, _Ctx, list | None]]:
@@ -292,6 +328,9 @@ def iter_tokenized(
                 if not isinstance(rec, Mapping):
                     raise error(ctx, "not_an_object", f"row is {_type_name(rec)} {_short(rec)}, not an object",
                                 'write rows as {"input_ids": [...], "response_mask": [...], "reward": ...}')
+                bad = lone_surrogate(rec)
+                if bad is not None:
+                    raise surrogate_error(bad, path=ctx.path, record=ctx.label())
                 if steps is not None:
                     seq = _steps_row(rec, steps, ctx, opts, iopts, source)
                 elif "input_ids" in rec or "response_mask" in rec:
