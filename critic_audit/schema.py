@@ -133,6 +133,29 @@ def surrogate_error(field: str, label: str | None = None, *, path: Any = None, r
     return e
 
 
+def read_parquet(path: Any) -> pl.DataFrame:
+    """A Parquet file as a polars DataFrame, decoded by pyarrow (``pq.read_table`` + ``pl.from_arrow``).
+
+    polars' own reader decodes row groups on worker threads, and a corrupt data page there can abort the
+    process instead of raising; pyarrow raises an exception, which the callers turn into one line.
+
+    Raises:
+        OSError, pyarrow.ArrowException, ValueError: the file cannot be read or decoded.
+    """
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    table.validate(full=True)  # invalid UTF-8 in a string column: ArrowInvalid (polars would panic)
+    try:
+        out = pl.from_arrow(table)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - polars' PanicException is a BaseException
+        raise ValueError(f"cannot convert the table ({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
 def conversations_to_trajectories(convs: list[Conversation]) -> pl.DataFrame:
     """Build the trajectories table (one row per conversation) with :data:`TRAJECTORY_SCHEMA`."""
     rows = {

@@ -22,7 +22,7 @@ from critic_audit.errors import ConfigError, InputError, SchemaError
 from critic_audit.io.chat import ChatReadOptions, read_chat
 from critic_audit.io.common import InputOptions, ReadReport
 from critic_audit.outputs import check_out_path, check_replaceable, publish, staging
-from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, conversations_to_trajectories, validate
+from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, conversations_to_trajectories, read_parquet, validate
 from critic_audit.turns import (
     EXCLUDE_NO_ASSISTANT,
     EXCLUDE_OVERLONG_DROPPED,
@@ -193,8 +193,8 @@ def read_tables(path: str | Path, *, read_options: ChatReadOptions | None = None
     if not tok_path.exists():
         raise InputError("no such file", path=tok_path, fix="check the path")
     try:
-        tokens = pl.read_parquet(tok_path)
-        trajs = pl.read_parquet(traj_path) if traj_path.exists() else None
+        tokens = read_parquet(tok_path)
+        trajs = read_parquet(traj_path) if traj_path.exists() else None
     except Exception as e:  # pyarrow/polars raise many types for a corrupt file
         raise InputError(f"cannot read Parquet ({str(e).splitlines()[0]})", path=tok_path,
                          fix="pass a Parquet file written by critic-audit or in the layout of docs/tables.md") from None
@@ -600,6 +600,8 @@ def _check_group_by(config: AuditConfig, convs: Sequence[Conversation]) -> None:
 def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: AuditConfig, plots: bool,
                     t0: float, overwrite: bool = False) -> AnalyzeOutcome:
     """``analyze --stream``: one canonical-table input, values present, tokens never loaded whole."""
+    from pyarrow import ArrowException
+
     from critic_audit.analysis.audit import audit_parquet
 
     if len(inputs) != 1 or not is_table_input(inputs[0]):
@@ -611,13 +613,21 @@ def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: A
     if not tok_path.exists() or not traj_path.exists():
         raise InputError("--stream needs tokens.parquet and trajectories.parquet side by side", path=p,
                          fix="pass a canonical-table folder")
-    trajs = pl.read_parquet(traj_path)
+    try:
+        trajs = read_parquet(traj_path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a corrupt file
+        raise InputError(f"cannot read Parquet ({(str(e).strip().splitlines() or [type(e).__name__])[0]})",
+                         path=traj_path, fix="pass a canonical-table folder written by critic-audit") from None
     pre: dict[str, str] = {}
     if "excluded" in trajs.columns:
         rows = trajs.filter(pl.col("excluded").is_in(list(PRE_SCORING_EXCLUSIONS)))
         pre = dict(zip(rows["trajectory_id"].cast(pl.String).to_list(), rows["excluded"].to_list()))
     trajs = validate(trajs, "trajectories", path=str(traj_path)).select(list(TRAJECTORY_SCHEMA))
-    result = audit_parquet(trajs, tok_path, audit_config, pre_excluded=pre)
+    try:
+        result = audit_parquet(trajs, tok_path, audit_config, pre_excluded=pre)
+    except (OSError, UnicodeDecodeError, ArrowException) as e:  # a corrupt page, found while streaming
+        raise InputError(f"cannot read Parquet ({(str(e).strip().splitlines() or [type(e).__name__])[0]})",
+                         path=tok_path, fix="re-write the tokens table, or audit it without --stream") from None
     result.summary.update(inputs=[str(p) for p in inputs], critic_audit_version=__version__, inference=None,
                           tokens_source=str(tok_path), streamed=True)
     with staging(out_dir) as tmp:

@@ -27,7 +27,7 @@ import polars as pl
 from critic_audit.errors import InputError
 from critic_audit.io.chat import DIR_SUFFIXES, JSONL_SUFFIXES, MESSAGES_KEYS, ChatReadOptions, _Ctx
 from critic_audit.io.common import FORMATS, InputOptions, ReadReport, guarded, iter_jsonl, load_json, _JSONL
-from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, validate
+from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, read_parquet, validate
 
 __all__ = ["detect_format", "is_table_format", "iter_conversations", "read_table_input", "FORMATS",
            "CONVERSATION_FORMATS", "TABLE_FORMATS"]
@@ -286,8 +286,8 @@ def read_step_pairs(folder: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     for tok_path in sorted(folder.glob("step_*.tokens.parquet")):
         traj_path = tok_path.with_name(tok_path.name.replace(".tokens.parquet", ".trajectories.parquet"))
         try:
-            tk = pl.read_parquet(tok_path)
-            tr = pl.read_parquet(traj_path) if traj_path.exists() else None
+            tk = read_parquet(tok_path)  # pyarrow: a corrupt page raises instead of aborting
+            tr = read_parquet(traj_path) if traj_path.exists() else None
         except Exception as e:  # pyarrow/polars raise many types for a corrupt file
             raise InputError(f"cannot read Parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
                              path=tok_path, fix="re-write this step with dump_verl_batch, or delete the pair") from None

@@ -1,0 +1,317 @@
+"""Fuzz every reader (issue 12): each generated input either reads or raises critic-audit's own error.
+
+Inputs are near-valid records of each format with random mutations (a field replaced by any JSON value,
+including strings with lone UTF-16 surrogates, huge or non-finite numbers, deep nesting; a field dropped;
+the file truncated or given invalid UTF-8 bytes; a Parquet file with flipped bytes). Each is read through
+the public entry points (``workflow.read_inputs`` / ``workflow.read_tables``), strict and ``--lenient``,
+and what reads is carried on to the tables and the tokenizer (the stages that crashed on odd input).
+
+Examples per reader: ``CRITIC_AUDIT_FUZZ_EXAMPLES`` (default 120; each input holds 1-4 records, so the
+default is a few thousand records in all). The figures (inputs tried / clean errors / accepted / crashes)
+come from ``python scripts/fuzz_readers.py`` (same generators, counts instead of assertions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from critic_audit.errors import CriticAuditError
+from critic_audit.io.chat import ChatReadOptions
+from critic_audit.io.common import InputOptions, ReadReport
+from critic_audit.schema import conversations_to_trajectories
+from critic_audit.turns import TokenizeConfig, token_table, tokenize_conversations
+from critic_audit.workflow import read_inputs, read_tables
+
+EXAMPLES = int(os.environ.get("CRITIC_AUDIT_FUZZ_EXAMPLES", "120"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+#: Set by scripts/fuzz_readers.py: count outcomes per reader instead of asserting.
+STATS: Counter | None = None
+CRASHES: list[str] = []
+
+_TOKENIZER: Any = None
+
+
+def _tokenizer() -> Any:
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        from conftest import make_tokenizer
+
+        _TOKENIZER = make_tokenizer()
+    return _TOKENIZER
+
+
+# --------------------------------------------------------------------------------------------- values
+
+surrogates = st.integers(0xD800, 0xDFFF).map(chr)
+odd_text = st.one_of(
+    st.text(max_size=12),
+    st.builds(lambda a, s, b: a + s + b, st.text(max_size=4), surrogates, st.text(max_size=4)),
+    st.sampled_from(["", " ", "\x00", "\u2028", "\ud83d\ude00", "Thought: x\nAction: y", "\ufeff", "NaN", "1e309"]),
+)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    odd_text)
+json_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                            st.dictionaries(odd_text, inner, max_size=4)), max_leaves=12)
+
+
+@st.composite
+def mutated(draw: Any, template: dict[str, Any]) -> dict[str, Any]:
+    """``template`` with up to three mutations: a (nested) value replaced, a key dropped, a key added."""
+    rec = json.loads(json.dumps(template))
+    for _ in range(draw(st.integers(0, 3))):
+        paths = list(_paths(rec))
+        path = draw(st.sampled_from(paths))
+        op = draw(st.sampled_from(["replace", "replace", "drop", "add"]))
+        parent, key = _resolve(rec, path)
+        if parent is None:
+            continue
+        if op == "replace":
+            parent[key] = draw(json_values)
+        elif op == "drop" and isinstance(parent, dict):
+            parent.pop(key, None)
+        elif isinstance(parent, dict):
+            parent[draw(odd_text)] = draw(json_values)
+    return rec
+
+
+def _paths(v: Any, prefix: tuple = ()) -> Any:
+    if prefix:
+        yield prefix
+    if isinstance(v, dict):
+        for k, x in v.items():
+            yield from _paths(x, (*prefix, k))
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            yield from _paths(x, (*prefix, i))
+
+
+def _resolve(rec: Any, path: tuple) -> tuple[Any, Any]:
+    parent = rec
+    for k in path[:-1]:
+        try:
+            parent = parent[k]
+        except (KeyError, IndexError, TypeError):
+            return None, None
+    return (parent, path[-1]) if isinstance(parent, (dict, list)) else (None, None)
+
+
+def _dumps(x: Any) -> str:
+    return json.dumps(x, ensure_ascii=True)  # a lone surrogate becomes its \\udXXX escape, as in the wild
+
+
+@st.composite
+def text_file(draw: Any, records: list[Any]) -> bytes:
+    """Records as a JSON array or JSONL, sometimes truncated or with invalid UTF-8 bytes inserted."""
+    data = ("[" + ", ".join(_dumps(r) for r in records) + "]") if draw(st.booleans()) else \
+        "".join(_dumps(r) + "\n" for r in records)
+    raw = data.encode("utf-8")
+    damage = draw(st.sampled_from(["none"] * 6 + ["truncate", "bytes"]))
+    if damage == "truncate" and raw:
+        raw = raw[:draw(st.integers(0, len(raw) - 1))]
+    elif damage == "bytes":
+        at = draw(st.integers(0, len(raw)))
+        raw = raw[:at] + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x00", b"\xef\xbb\xbf"])) + raw[at:]
+    return raw
+
+
+# --------------------------------------------------------------------------------------------- templates
+
+CHAT = {"id": "a", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "find it"},
+                                {"role": "assistant", "content": None, "tool_calls": [
+                                    {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{\"q\": 1}"}}]},
+                                {"role": "tool", "tool_call_id": "c1", "content": "found"},
+                                {"role": "assistant", "content": [{"type": "text", "text": "done"}]}],
+        "reward": 1.0, "group_id": "g", "step": 3, "note": "x"}
+RESPONSES = {"id": "r", "responses_create_params": {"input": [{"role": "user", "content": "q"}]},
+             "response": {"output": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "hm"}]},
+                                     {"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c"},
+                                     {"type": "function_call_output", "call_id": "c", "output": "o"},
+                                     {"type": "message", "role": "assistant",
+                                      "content": [{"type": "output_text", "text": "a"}]}]},
+             "reward": 0.5, "task_index": 2}
+REACT = {"id": "t", "traj": "Question: q\nThought 1: think\nAction 1: search[x]\nObservation 1: seen\n"
+                            "Thought 2: so\nAction 2: finish[y]", "reward": 1}
+SWE = {"history": [{"role": "system", "content": "s"}, {"role": "user", "content": "fix"},
+                   {"role": "assistant", "content": "ls", "thought": "t", "action": "ls"},
+                   {"role": "user", "content": "a.py"}], "info": {"exit_status": "submitted", "model_stats": {"x": 1}},
+       "trajectory": [{"action": "ls", "observation": "a.py", "thought": "t"}]}
+SEQ = {"id": "s", "input_ids": [5, 6, 7, 8, 9], "response_mask": [0, 0, 1, 1, 1], "attention_mask": [1, 1, 1, 1, 1],
+       "values": [0.1, 0.2, 0.3, None, 0.5], "old_log_probs": [0, 0, -1.0, -0.5, -0.2], "reward": [0, 0, 0, 0, 1.0],
+       "uid": "p0", "step": 1}
+STEP = {"example_id": 7, "prompt_ids": [1, 2], "completion_ids": [3, 4], "completion_mask": [1, 1], "reward": 0.0}
+
+
+def _records(template: dict[str, Any], n: int) -> Any:
+    return st.lists(mutated(template), min_size=1, max_size=n)
+
+
+# --------------------------------------------------------------------------------------------- the check
+
+
+def _outcome(fn: Any) -> str:
+    try:
+        fn()
+    except CriticAuditError:
+        return "clean error"
+    except Exception as e:  # noqa: BLE001 - what the fuzz looks for
+        CRASHES.append("".join(traceback.format_exception_only(type(e), e)).strip()[:300])
+        return f"crash {type(e).__name__}"
+    return "accepted"
+
+
+def _conversations(path: Path, fmt: str, lenient: bool, require_reward: bool) -> None:
+    convs = read_inputs([path], ChatReadOptions(require_reward=require_reward),
+                        input_options=InputOptions(format=fmt, lenient=lenient), report=ReadReport())
+    conversations_to_trajectories(convs)
+    res = tokenize_conversations(convs, _tokenizer(), TokenizeConfig(max_length=256))
+    token_table(res.conversations)
+
+
+def _tables(path: Path, fmt: str, lenient: bool) -> None:
+    read_tables(path, input_options=InputOptions(format=fmt, lenient=lenient), report=ReadReport())
+
+
+def _check(reader: str, write: Any, run: Any) -> None:
+    """Write the input into a fresh folder and read it strict and lenient; record or assert."""
+    with tempfile.TemporaryDirectory() as d:
+        path = write(Path(d))
+        for lenient in (False, True):
+            outcome = _outcome(lambda: run(path, lenient))
+            if STATS is not None:
+                STATS[(reader, outcome)] += 1
+            else:
+                assert not outcome.startswith("crash"), f"{reader} (lenient={lenient}): {CRASHES[-1]}"
+
+
+def _writer(name: str, raw: bytes) -> Any:
+    def write(d: Path) -> Path:
+        (d / name).write_bytes(raw)
+        return d / name
+    return write
+
+
+# --------------------------------------------------------------------------------------------- one test per reader
+
+
+@FUZZ
+@given(data=st.data(), fmt=st.sampled_from(["auto", "chat"]), reward=st.booleans())
+def test_fuzz_chat(data, fmt, reward):
+    raw = data.draw(text_file(data.draw(_records(CHAT, 4))))
+    name = data.draw(st.sampled_from(["r.json", "r.jsonl"]))
+    _check("chat", _writer(name, raw), lambda p, lenient: _conversations(p, fmt, lenient, reward))
+
+
+@FUZZ
+@given(data=st.data(), fmt=st.sampled_from(["auto", "responses"]))
+def test_fuzz_responses(data, fmt):
+    raw = data.draw(text_file(data.draw(_records(RESPONSES, 3))))
+    _check("responses", _writer("r.jsonl", raw), lambda p, lenient: _conversations(p, fmt, lenient, True))
+
+
+@FUZZ
+@given(data=st.data(), fmt=st.sampled_from(["auto", "react"]), log=st.booleans())
+def test_fuzz_react(data, fmt, log):
+    if log:  # a Reflexion log
+        lines = data.draw(st.lists(st.one_of(st.sampled_from([
+            "BEGIN TRIAL 0", "------------- BEGIN CORRECT AGENTS -------------", "--- BEGIN HALTED AGENTS ---",
+            "Question: q", "Thought 1: t", "Action 1: a", "Observation 1: Answer is CORRECT", "Correct answer: y", ""]),
+            odd_text), min_size=1, max_size=14))
+        raw = "\n".join(lines).encode("utf-8", "surrogatepass")
+        _check("react", _writer("log.txt", raw), lambda p, lenient: _conversations(p, fmt, lenient, True))
+        return
+    raw = data.draw(text_file(data.draw(_records(REACT, 3))))
+    _check("react", _writer("r.jsonl", raw), lambda p, lenient: _conversations(p, fmt, lenient, True))
+
+
+@FUZZ
+@given(data=st.data(), fmt=st.sampled_from(["auto", "swe"]))
+def test_fuzz_swe(data, fmt):
+    rec = data.draw(mutated(SWE))
+    raw = data.draw(text_file([rec])).lstrip(b"[").rstrip(b"]")  # one object per .traj file
+    _check("swe", _writer("x__y-1.traj", raw), lambda p, lenient: _conversations(p, fmt, lenient, False))
+
+
+@FUZZ
+@given(data=st.data(), fmt=st.sampled_from(["auto", "tokenized"]))
+def test_fuzz_tokenized_json(data, fmt):
+    recs = data.draw(st.one_of(_records(SEQ, 4), _records(STEP, 4)))
+    raw = data.draw(text_file(recs))
+    _check("tokenized (JSON)", _writer("rows.jsonl", raw), lambda p, lenient: _tables(p, fmt, lenient))
+
+
+def _parquet_bytes(data: Any, table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=data.draw(st.integers(1, 3)))
+    raw = bytearray(sink.getvalue().to_pybytes())
+    if data.draw(st.integers(0, 2)) == 0:  # flip bytes somewhere past the header
+        for _ in range(data.draw(st.integers(1, 8))):
+            i = data.draw(st.integers(4, len(raw) - 1))
+            raw[i] ^= data.draw(st.integers(1, 255))
+    return bytes(raw)
+
+
+ints = st.one_of(st.integers(-5, 70000), st.none())
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_tokenized_parquet(data):
+    n = data.draw(st.integers(1, 4))
+    rows = {
+        "trajectory_id": data.draw(st.lists(st.one_of(st.text(max_size=4), st.none()), min_size=n, max_size=n)),
+        "input_ids": data.draw(st.lists(st.one_of(st.lists(ints, max_size=6), st.none()), min_size=n, max_size=n)),
+        "response_mask": data.draw(st.lists(st.one_of(st.lists(st.integers(-1, 2), max_size=6), st.none()),
+                                            min_size=n, max_size=n)),
+        "reward": data.draw(st.lists(st.one_of(st.floats(), st.none()), min_size=n, max_size=n)),
+    }
+    if data.draw(st.booleans()):
+        rows["values"] = data.draw(st.lists(st.one_of(st.lists(st.one_of(st.floats(), st.none()), max_size=6), st.none()),
+                                            min_size=n, max_size=n))
+    raw = _parquet_bytes(data, pa.table(rows))
+    _check("tokenized (Parquet)", _writer("rows.parquet", raw), lambda p, lenient: _tables(p, "tokenized", lenient))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_canonical_tables(data):
+    n = data.draw(st.integers(1, 6))
+    tid = st.sampled_from(["t0", "t1", None, "t\U0001F600"])
+    tokens = {
+        "trajectory_id": data.draw(st.lists(tid, min_size=n, max_size=n)),
+        "position": data.draw(st.one_of(st.just(list(range(n))),
+                                        st.lists(st.one_of(st.integers(-2, 8), st.none()), min_size=n, max_size=n))),
+        "token_id": data.draw(st.lists(ints, min_size=n, max_size=n)),
+        "turn": data.draw(st.lists(st.one_of(st.integers(-1, 3), st.none()), min_size=n, max_size=n)),
+        "response_mask": data.draw(st.lists(st.one_of(st.booleans(), st.none()), min_size=n, max_size=n)),
+        "value": data.draw(st.lists(st.one_of(st.floats(width=32), st.none()), min_size=n, max_size=n)),
+    }
+    for col in data.draw(st.one_of(st.just([]), st.lists(st.sampled_from(list(tokens)), max_size=2))):
+        tokens.pop(col, None)
+    trajs = {"trajectory_id": data.draw(st.lists(tid, min_size=1, max_size=3))}
+    if data.draw(st.booleans()):
+        trajs["reward"] = data.draw(st.lists(st.one_of(st.floats(), st.none()), min_size=len(trajs["trajectory_id"]),
+                                             max_size=len(trajs["trajectory_id"])))
+    tok_raw = _parquet_bytes(data, pa.table(tokens)) if tokens else b"PAR1"
+    traj_raw = _parquet_bytes(data, pa.table(trajs))
+    with_trajs = data.draw(st.booleans())
+
+    def write(d: Path) -> Path:
+        (d / "t").mkdir()
+        (d / "t" / "tokens.parquet").write_bytes(tok_raw)
+        if with_trajs:
+            (d / "t" / "trajectories.parquet").write_bytes(traj_raw)
+        return d / "t"
+
+    _check("canonical tables", write, lambda p, lenient: _tables(p, "auto", lenient))
