@@ -16,9 +16,11 @@ from critic_audit.errors import ConfigError, InputError
 from critic_audit.io import ChatReadOptions, iter_chat, read_chat, write_chat_jsonl
 from critic_audit.schema import Conversation
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-TAU = DATA / "tau_bench_airline" / "historical_trajectories" / "gpt-4o-airline.json"
-FIREACT = DATA / "fireact_hotpotqa" / "trajs"
+from conftest import SAMPLE
+
+#: 20 of the 200 tau-bench airline trajectories and 40 of 465 FireAct runs (sample_data/SOURCE.md).
+TAU = SAMPLE / "tau_bench_airline" / "gpt-4o-airline.sample20.json"
+FIREACT = SAMPLE / "fireact_hotpotqa"
 
 NO_REWARD = ChatReadOptions(require_reward=False)
 
@@ -65,40 +67,42 @@ def _turn_stats(convs: list[Conversation]) -> tuple[int, float, int]:
     return min(turns), statistics.median(turns), max(turns)
 
 
-@pytest.mark.skipif(not TAU.exists(), reason="shared data not present")
 def test_tau_bench_airline_loads_with_no_options():
+    """Golden counts taken on the raw JSON (plain json.load, no reader): 20 records, 10 with reward 1,
+    225 assistant messages of which 107 carry tool calls, 2 / 11 / 30 assistant messages min / median /
+    max, 18 distinct task ids."""
     convs = read_chat(TAU)
-    assert len(convs) == 200
-    assert sum(c.success for c in convs) == 84
+    assert len(convs) == 20
+    assert sum(c.success for c in convs) == 10
     assert all(c.reward in (0.0, 1.0) for c in convs)
     assistant = [m for c in convs for m in c.messages if m["role"] == "assistant"]
     calls = [m for m in assistant if m.get("tool_calls")]
-    assert len(assistant) == 2454
-    assert len(calls) == 1164
-    assert len(assistant) - len(calls) == 1290
+    assert len(assistant) == 225
+    assert len(calls) == 107
     assert _turn_stats(convs) == (2, 11, 30)
-    # task_id -> group (50 tasks x 4 trials), the rest -> metadata
-    assert len({c.group_id for c in convs}) == 50
+    # task_id -> group, the rest -> metadata
+    assert len({c.group_id for c in convs}) == 18
     assert all(isinstance(c.group_id, str) for c in convs)
     c = convs[17]
-    assert c.record == "gpt-4o-airline.json: record 17"
-    assert c.trajectory_id == "gpt-4o-airline:17"
-    assert c.source == "gpt-4o-airline"
+    assert c.record == "gpt-4o-airline.sample20.json: record 17"
+    assert c.trajectory_id == "gpt-4o-airline.sample20:17"
+    assert c.source == "gpt-4o-airline.sample20"
     assert set(c.metadata) == {"info", "trial"}
-    assert len({c.trajectory_id for c in convs}) == 200
+    assert len({c.trajectory_id for c in convs}) == 20
     # every tool call has parsed arguments
     for m in calls:
         assert len(m["tool_calls"]) == 1
         assert isinstance(m["tool_calls"][0]["function"]["arguments"], dict)
 
 
-@pytest.mark.skipif(not FIREACT.exists(), reason="shared data not present")
 def test_fireact_hotpotqa_loads_with_no_options():
     files = sorted(FIREACT.glob("*.json"))
+    raw = json.loads(files[0].read_text())
+    n_assistant = sorted(sum(m["role"] == "assistant" for m in r["traj"]) for r in raw.values())
     convs = [c for f in files for c in read_chat(f)]
-    assert len(convs) == 465
-    assert sum(c.success for c in convs) == 200
-    assert _turn_stats(convs) == (1, 3, 11)
+    assert len(convs) == 40
+    assert sum(c.success for c in convs) == 20
+    assert _turn_stats(convs) == (n_assistant[0], statistics.median(n_assistant), n_assistant[-1])
     assert all(c.reward in (0.0, 1.0) for c in convs)
     assert all(c.success == (c.reward == 1.0) for c in convs)
     # keyed by question id: the key is the id; no group field

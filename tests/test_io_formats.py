@@ -17,9 +17,10 @@ from critic_audit.io import (
 )
 from critic_audit.workflow import is_table_input, read_inputs, read_tables
 
-from conftest import SHARED
+from conftest import DATA
 
-REFLEXION_LOG = SHARED / "hotpotqa_distractor_rl" / "reflexion_logs" / "ReAct_base_100_questions_5_trials.txt"
+#: Trials 1-2 of the Reflexion ReAct log, cut to 19 entries (tests/data/hotpotqa_distractor_rl/SOURCE.md).
+REFLEXION_LOG = DATA / "hotpotqa_distractor_rl" / "ReAct_base_subset_2_trials.txt"
 
 # --------------------------------------------------------------------------------------------- builders
 
@@ -237,24 +238,26 @@ def test_react_record_without_steps_is_an_error(tmp_path):
         read_react(p)
 
 
-@pytest.mark.skipif(not REFLEXION_LOG.exists(), reason="shared data not present")
 def test_reflexion_log_counts():
+    """Golden counts of the subset, taken with grep/awk on the file (SOURCE.md): trial 1 keeps 3 CORRECT,
+    6 INCORRECT, 4 HALTED blocks (the 3 questions listed under both INCORRECT and HALTED, and one more
+    halted run); trial 2 keeps 2 per section; 11 distinct questions."""
     entries = parse_reflexion_log(REFLEXION_LOG.read_text(encoding="utf-8"))
     t1 = [e for e in entries if e["trial"] == 1]
     counts = {s: sum(e["section"] == s for e in t1) for s in ("CORRECT", "INCORRECT", "HALTED")}
-    assert counts == {"CORRECT": 34, "INCORRECT": 56, "HALTED": 13}
-    assert len({e["question"] for e in t1}) == 100
+    assert counts == {"CORRECT": 3, "INCORRECT": 6, "HALTED": 4}
+    assert len({e["question"] for e in t1}) == 10
     assert all(e["correct_answer"] for e in t1)
     assert all(e["answer_line"] == "CORRECT" for e in t1 if e["section"] == "CORRECT")
     # the 3 runs listed under both INCORRECT and HALTED finished at the step limit with a wrong answer
-    assert sum(e["answer_line"] is None for e in t1 if e["section"] == "HALTED") == 10
-    assert sorted({e["trial"] for e in entries}) == [1, 2, 3, 4, 5]
+    assert sum(e["answer_line"] is None for e in t1 if e["section"] == "HALTED") == 1
+    assert sorted({e["trial"] for e in entries}) == [1, 2] and len(entries) == 19
     assert detect_format(REFLEXION_LOG) == "react"
     convs = read_react(REFLEXION_LOG)
     one = [c for c in convs if c.metadata["trial"] == 1]
-    assert len(one) == 100 and sum(c.success for c in one) == 34  # 3 runs listed twice are read once
+    assert len(one) == 10 and sum(c.success for c in one) == 3  # 3 runs listed twice are read once
     assert sum("also_listed_in" in c.metadata for c in one) == 3
-    assert len(convs) == 500 and len({c.group_id for c in convs}) == 100
+    assert len(convs) == 16 and len({c.group_id for c in convs}) == 11
     halted = next(c for c in one if c.metadata["section"] == "HALTED")
     assert halted.num_turns == 6 and halted.messages[0]["content"].startswith("Question:")
     assert all(c.messages[0]["role"] == "user" and c.num_turns >= 2 for c in one)
