@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from critic_audit.errors import ConfigError, InputError
-from critic_audit.io import ChatReadOptions, iter_chat, read_chat, write_chat_jsonl
+from critic_audit.io import ChatReadOptions, ReadReport, iter_chat, read_chat, write_chat_jsonl
 from critic_audit.schema import Conversation
 
 from conftest import SAMPLE
@@ -178,11 +178,15 @@ def test_directory_reads_json_files_sorted(tmp_path):
     _write(d / "a.json", [_rec(1, id="a0"), _rec(1, id="a1")])
     (d / "notes.txt").write_text("not read")
     (d / "sub").mkdir()
-    _write(d / "sub" / "c.json", [_rec(1, id="c0")])  # not recursive
-    convs = read_chat(d)
-    assert [c.trajectory_id for c in convs] == ["a0", "a1", "b0"]
-    assert [c.source for c in convs] == ["a", "a", "b"]
-    assert [c.source for c in read_chat(d, ChatReadOptions(source="mine"))] == ["mine"] * 3
+    _write(d / "sub" / "c.json", [_rec(1, id="c0")])  # folders are searched recursively
+    _write(d / "config.json", {"lr": 0.1, "seed": 3})  # not a rollout file: skipped and counted
+    rep = ReadReport()
+    convs = read_chat(d, report=rep)
+    assert [c.trajectory_id for c in convs] == ["a0", "a1", "b0", "c0"]
+    assert [c.source for c in convs] == ["a", "a", "b", "c"]
+    assert rep.skipped_files == {"not_rollout_file": 2}
+    assert sorted(rep.skipped_file_examples["not_rollout_file"]) == [str(d / "config.json"), str(d / "notes.txt")]
+    assert [c.source for c in read_chat(d, ChatReadOptions(source="mine"))] == ["mine"] * 4
 
 
 def test_iter_chat_is_lazy_generator(tmp_path):
@@ -286,7 +290,7 @@ def test_missing_file(tmp_path):
 
 def test_directory_without_json_files(tmp_path):
     (tmp_path / "a.txt").write_text("x")
-    _error(tmp_path, "no *.json")
+    _error(tmp_path, "the folder holds no rollout file (1 other file(s) skipped)")
 
 
 def test_empty_file(tmp_path):
@@ -373,9 +377,10 @@ def test_duplicate_ids(tmp_path):
     d.mkdir()
     _write(d / "x.json", [_rec(1, id="a")])
     _write(d / "y.json", [_rec(1, id="a")])
-    with pytest.raises(InputError, match="duplicate trajectory id 'a'") as ei:
-        read_chat(d)
-    assert str(d / "y.json") in str(ei.value) and str(d / "x.json") in str(ei.value)
+    # an id found in two files is qualified with each file's label; the file's own id is kept
+    convs = read_chat(d)
+    assert [c.trajectory_id for c in convs] == ["x/a", "y/a"]
+    assert [c.metadata["id_in_file"] for c in convs] == ["a", "a"]
 
 
 def test_bad_content_and_tool_calls(tmp_path):

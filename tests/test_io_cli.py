@@ -224,7 +224,7 @@ def test_hypothesis_swe(data, mini):
         lab.write_text(json.dumps({"a-1": True}))
         return d
 
-    _reader_never_crashes(lambda d: read_swe(d / "a-1.traj.json", input_options=InputOptions(labels=d / "labels.json")),
+    _reader_never_crashes(lambda d: read_swe(d / "a-1.traj.json", options=InputOptions(labels=d / "labels.json")),
                           write, rec, data)
 
 
