@@ -111,7 +111,7 @@ def read_inputs(paths: Sequence[str | Path], options: ReadOptions = ReadOptions(
     labels: list[str] = []
     for r in res:
         tables = [f for f in r.files if f.kind == "tables"]
-        if tables and resolved is None:
+        if tables and len(tables) == len(r.files) and resolved is None:
             raise InputError(f"this input is {tables[0].format} data, not conversations", path=tables[0].path,
                              fix="pass it to analyze as a table input, or force another --format")
         for spec in r.files:

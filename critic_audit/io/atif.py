@@ -55,13 +55,13 @@ def sniff_record(rec: Any, options: ReadOptions) -> bool:
 
 
 def collection_of(path: Path, root: Path) -> str:
-    """The job of a Harbor trial (``<job>/<trial>/agent/trajectory.json`` -> ``<job>``), else the
-    file's folder (a file given alone: its stem)."""
-    if path == root and not root.is_dir():
-        return path.stem
+    """The job of a Harbor trial (``<job>/<trial>/agent/trajectory.json`` -> ``<job>``, also for the
+    file given alone), else the file's folder (a file given alone: its stem)."""
     parent = path.parent
-    if parent.name == "agent" and parent.parent != root and parent.parent.parent.name:
+    if parent.name == "agent" and parent.parent.parent.name and parent.parent != root:
         return parent.parent.parent.name
+    if path == root:
+        return path.stem
     return parent.name or path.stem
 
 
