@@ -24,7 +24,7 @@ from critic_audit.errors import ConfigError, InputError
 from critic_audit.io.detect import ResolvedInput, qualify_ids, read_conversations, resolve_inputs
 from critic_audit.io.formats import FORMATS
 from critic_audit.io.records import ReadOptions, ReadReport
-from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, conversations_to_trajectories, validate
+from critic_audit.schema import Conversation, conversations_to_trajectories
 from critic_audit.turns import (
     EXCLUDE_NO_ASSISTANT,
     EXCLUDE_OVERLONG_DROPPED,
@@ -365,8 +365,9 @@ def _write_folder(folder: Path, result: AuditResult, tokens: pl.DataFrame, confi
     folder.mkdir(parents=True, exist_ok=True)
     _write_json(folder / "summary.json", result.summary)
     _write_json(folder / "config.json", config)
-    result.per_trajectory.write_parquet(folder / "trajectories.parquet")
-    tokens.write_parquet(folder / "tokens.parquet")
+    from critic_audit.io.tables import write_tables
+
+    write_tables(folder, result.per_trajectory, tokens)
     if plots:
         from critic_audit.report import render_folder
 
@@ -610,12 +611,9 @@ def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: A
     if not tok_path.exists() or not traj_path.exists():
         raise InputError("--stream needs tokens.parquet and trajectories.parquet side by side", path=p,
                          fix="pass a canonical-table folder")
-    trajs = pl.read_parquet(traj_path)
-    pre: dict[str, str] = {}
-    if "excluded" in trajs.columns:
-        rows = trajs.filter(pl.col("excluded").is_in(list(PRE_SCORING_EXCLUSIONS)))
-        pre = dict(zip(rows["trajectory_id"].cast(pl.String).to_list(), rows["excluded"].to_list()))
-    trajs = validate(trajs, "trajectories", path=str(traj_path)).select(list(TRAJECTORY_SCHEMA))
+    from critic_audit.io.tables import canonical_trajectories
+
+    trajs, pre = canonical_trajectories(pl.read_parquet(traj_path), path=str(traj_path))
     result = audit_parquet(trajs, tok_path, audit_config, pre_excluded=pre)
     result.summary.update(inputs=[str(p) for p in inputs], critic_audit_version=__version__, inference=None,
                           tokens_source=str(tok_path), streamed=True)

@@ -36,7 +36,7 @@ import numpy as np
 
 from critic_audit.errors import InputError
 from critic_audit.io.records import (
-    AS_JSONL, GROUP_KEYS, REWARD_KEYS, ReadOptions, ReadReport, RecordContext, error, guarded, load_json,
+    AS_JSONL, REWARD_KEYS, ReadOptions, ReadReport, RecordContext, error, guarded, load_json,
     record_fields, short,
 )
 from critic_audit.schema import Conversation
@@ -44,7 +44,7 @@ from critic_audit.schema import Conversation
 __all__ = ["sniff_record", "read_file", "file_kind", "collection_of", "exact_token_steps", "validate_atif",
            "verifier_reward"]
 
-#: Group fields of a trajectory's ``extra`` after :data:`GROUP_KEYS`.
+#: Group fields of a trajectory's ``extra`` after :data:`critic_audit.io.records.GROUP_KEYS`.
 GROUP_FIELDS = ("task_name", "task", "task_id")
 
 

@@ -18,7 +18,7 @@ from critic_audit.io.records import ReadOptions, ReadReport
 from critic_audit.io.tokenized import tokenized_columns
 from critic_audit.schema import TRAJECTORY_SCHEMA, validate
 
-__all__ = ["read_tables", "write_tables", "read_file", "sniff_file", "PRE_SCORING_EXCLUSIONS"]
+__all__ = ["read_tables", "write_tables", "canonical_trajectories", "read_file", "sniff_file", "PRE_SCORING_EXCLUSIONS"]
 
 #: Exclusions decided before scoring (carried over when an audit's tables are read back); the values of
 #: :data:`critic_audit.turns.EXCLUDE_NO_ASSISTANT` and its siblings.
@@ -51,12 +51,22 @@ def _pair(tok_path: Path, traj_path: Path, fix: str) -> tuple[pl.DataFrame, pl.D
     else:  # no trajectories table: derive one (no rewards)
         trajs = tokens.group_by("trajectory_id", maintain_order=True).agg(
             num_turns=pl.col("turn").n_unique() - pl.col("turn").is_null().any().cast(pl.UInt32))
+    trajs, pre = canonical_trajectories(trajs, path=str(traj_path))
+    return trajs, tokens, pre
+
+
+def canonical_trajectories(trajs: pl.DataFrame, *, path: str | None = None) -> tuple[pl.DataFrame, dict[str, str]]:
+    """A trajectories table reduced to its canonical columns, and the pre-scoring exclusions an earlier
+    audit recorded in its ``excluded`` column (by trajectory id).
+
+    Raises:
+        SchemaError: the table breaks its schema.
+    """
     pre: dict[str, str] = {}
     if "excluded" in trajs.columns:
         rows = trajs.filter(pl.col("excluded").is_in(list(PRE_SCORING_EXCLUSIONS)))
         pre = dict(zip(rows["trajectory_id"].cast(pl.String).to_list(), rows["excluded"].to_list()))
-    trajs = validate(trajs, "trajectories", path=str(traj_path)).select(list(TRAJECTORY_SCHEMA))
-    return trajs, tokens, pre
+    return validate(trajs, "trajectories", path=path).select(list(TRAJECTORY_SCHEMA)), pre
 
 
 def read_tables(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
