@@ -26,7 +26,7 @@ from critic_audit.errors import InputError
 from critic_audit.io.messages import ROLE_ALIASES, message
 from critic_audit.io.records import (
     AS_JSONL, CHECKPOINT_KEYS, GROUP_KEYS, ID_KEYS, JSONL_SUFFIXES, MESSAGES_KEYS, REWARD_KEYS, SUCCESS_KEYS,
-    IdRegistry, ReadOptions, ReadReport, RecordContext, guarded, iter_jsonl, keys_seen, label_value, load_json,
+    ReadOptions, ReadReport, RecordContext, convert_records, iter_jsonl, keys_seen, label_value, load_json,
     pick, record_fields, short, type_name,
 )
 from critic_audit.schema import Conversation
@@ -169,16 +169,8 @@ def read_file(spec: Any, options: ReadOptions, report: ReadReport) -> Iterator[C
         InputError: unknown container, malformed JSON, a bad message, a missing / non-numeric / NaN
             reward, or a duplicate trajectory id within the file (strict mode).
     """
-    ids = IdRegistry()
-    for raw, ctx in _records(spec.path, options, spec.label, report):
-        def convert(raw: Any = raw, ctx: RecordContext = ctx) -> Conversation:
-            conv = _conversation(raw, ctx, options, spec.source)
-            ids.check(conv.trajectory_id, ctx)
-            return conv
-
-        conv = guarded(convert, options.lenient, report)
-        if conv is not None:
-            yield conv
+    return convert_records(_records(spec.path, options, spec.label, report),
+                           lambda raw, ctx: _conversation(raw, ctx, options, spec.source), options.lenient, report)
 
 
 def iter_chat(path: str | Path, options: ReadOptions | None = None,

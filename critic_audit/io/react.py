@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from critic_audit.io.records import (
-    MESSAGES_KEYS, IdRegistry, ReadOptions, ReadReport, RecordContext, error, guarded, iter_json_records, pick,
+    MESSAGES_KEYS, ReadOptions, ReadReport, RecordContext, convert_records, error, guarded, iter_json_records, pick,
     read_text, record_fields, short, type_name,
 )
 from critic_audit.schema import Conversation
@@ -236,17 +236,10 @@ def read_file(spec: Any, options: ReadOptions, report: ReadReport) -> Iterator[C
             not file.name.lower().endswith((".json", ".jsonl", ".ndjson")) and looks_like_reflexion_log(_head(file))):
         yield from _reflexion_conversations(spec, options, report)
         return
-    ids = IdRegistry()
-    for raw, ctx in iter_json_records(file, lambda r: is_react_record(r, options.messages_key), "ReAct",
-                                      options.lenient, report, spec.label):
-        def convert(raw: Any = raw, ctx: RecordContext = ctx) -> Conversation:
-            conv = _transcript_conversation(raw, ctx, options, spec.source)
-            ids.check(conv.trajectory_id, ctx)
-            return conv
-
-        conv = guarded(convert, options.lenient, report)
-        if conv is not None:
-            yield conv
+    records = iter_json_records(file, lambda r: is_react_record(r, options.messages_key), "ReAct", options.lenient,
+                                report, spec.label)
+    yield from convert_records(records, lambda raw, ctx: _transcript_conversation(raw, ctx, options, spec.source),
+                               options.lenient, report)
 
 
 def _head(file: Path) -> str:

@@ -21,7 +21,7 @@ from critic_audit.errors import ConfigError, InputError
 
 __all__ = [
     "ReadOptions", "ReadReport", "RecordContext", "Fields", "IdRegistry",
-    "record_fields", "success_of", "guarded", "error", "reason_of",
+    "record_fields", "success_of", "guarded", "convert_records", "error", "reason_of",
     "iter_jsonl", "iter_json_records", "load_json", "read_text", "AS_JSONL",
     "MESSAGES_KEYS", "REWARD_KEYS", "SUCCESS_KEYS", "ID_KEYS", "GROUP_KEYS", "CHECKPOINT_KEYS",
     "JSONL_SUFFIXES", "JSON_SUFFIXES",
@@ -342,6 +342,22 @@ def guarded(convert: Callable[[], Any], lenient: bool, report: ReadReport | None
             raise
         (report if report is not None else ReadReport()).skip(e)
         return None
+
+
+def convert_records(records: Iterator[tuple[Any, RecordContext]], convert: Callable[[Any, RecordContext], Any],
+                    lenient: bool, report: ReadReport | None) -> Iterator[Any]:
+    """``convert(raw, ctx)`` for each record of one file, ids unique within the file (the converted
+    object's ``trajectory_id``); in lenient mode a bad record is counted in ``report`` and skipped."""
+    ids = IdRegistry()
+    for raw, ctx in records:
+        def one(raw: Any = raw, ctx: RecordContext = ctx) -> Any:
+            out = convert(raw, ctx)
+            ids.check(out.trajectory_id, ctx)
+            return out
+
+        out = guarded(one, lenient, report)
+        if out is not None:
+            yield out
 
 
 def success_of(reward: float, threshold: float | None) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 
 from critic_audit.io.messages import message
 from critic_audit.io.records import (
-    IdRegistry, ReadOptions, ReadReport, RecordContext, error, guarded, iter_json_records, record_fields, short,
+    ReadOptions, ReadReport, RecordContext, convert_records, error, iter_json_records, record_fields, short,
     type_name,
 )
 from critic_audit.schema import Conversation
@@ -267,17 +267,9 @@ def read_file(spec: Any, options: ReadOptions, report: ReadReport) -> Iterator[C
     Raises:
         InputError: a bad record (strict mode), or a file that cannot be read at all.
     """
-    ids = IdRegistry()
-    for raw, ctx in iter_json_records(spec.path, is_responses_record, "Responses", options.lenient, report,
-                                      spec.label):
-        def convert(raw: Any = raw, ctx: RecordContext = ctx) -> Conversation:
-            conv = _conversation(raw, ctx, options, spec.source)
-            ids.check(conv.trajectory_id, ctx)
-            return conv
-
-        conv = guarded(convert, options.lenient, report)
-        if conv is not None:
-            yield conv
+    records = iter_json_records(spec.path, is_responses_record, "Responses", options.lenient, report, spec.label)
+    return convert_records(records, lambda raw, ctx: _conversation(raw, ctx, options, spec.source),
+                           options.lenient, report)
 
 
 def iter_responses(path: str | Path, options: ReadOptions | None = None,

@@ -179,14 +179,15 @@ def read_file(spec: Any, options: ReadOptions, report: ReadReport) -> Iterator[C
         yield conv
 
 
-_LABELS: dict[tuple[str, str | None], Labels] = {}
+_LABELS: dict[tuple[Any, ...], Labels] = {}
 
 
 def _labels(opts: ReadOptions) -> Labels | None:
     """``--labels``, read once per run (a folder holds one file per trajectory)."""
     if opts.labels is None:
         return None
-    key = (str(opts.labels), opts.labels_key)
+    st = Path(opts.labels).stat() if Path(opts.labels).is_file() else None
+    key = (str(opts.labels), opts.labels_key, st.st_mtime_ns if st else None, st.st_size if st else None)
     if key not in _LABELS:
         _LABELS.clear()
         _LABELS[key] = load_labels(opts.labels, opts.labels_key)

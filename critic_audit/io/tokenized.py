@@ -32,7 +32,7 @@ import polars as pl
 
 from critic_audit.errors import InputError
 from critic_audit.io.records import (
-    REWARD_KEYS, IdRegistry, ReadOptions, ReadReport, RecordContext, error, guarded, iter_json_records,
+    REWARD_KEYS, ReadOptions, ReadReport, RecordContext, convert_records, error, iter_json_records,
     record_fields, short, type_name,
 )
 from critic_audit.schema import TOKEN_SCHEMA, TRAJECTORY_SCHEMA, validate
@@ -291,27 +291,22 @@ def _group_steps(rows: Iterator[tuple[Any, RecordContext]], opts: ReadOptions) -
 
 def iter_sequences(spec: Any, options: ReadOptions, report: ReadReport) -> Iterator[TokenSequence]:
     """The tokenized rollouts of one file (``*.parquet`` row group by row group, JSON, JSONL)."""
-    opts = options
-    ids = IdRegistry()
-    for rec, ctx, steps in _group_steps(_iter_rows(spec.path, opts, report, spec.label), opts):
-        def convert(rec: Any = rec, ctx: RecordContext = ctx, steps: list | None = steps) -> TokenSequence:
-            if not isinstance(rec, Mapping):
-                raise error(ctx, "not_an_object", f"row is {type_name(rec)} {short(rec)}, not an object",
-                            'write rows as {"input_ids": [...], "response_mask": [...], "reward": ...}')
-            if steps is not None:
-                seq = _steps_row(rec, steps, ctx, opts, spec.source)
-            elif "input_ids" in rec or "response_mask" in rec:
-                seq = _sequence_row(rec, ctx, opts, spec.source)
-            else:
-                raise error(ctx, "no_tokens", f"row has neither input_ids + response_mask nor prompt_ids + "
-                            f"completion_ids; keys {sorted(map(str, rec))[:10]}",
-                            "write tokenized rows (see docs/input_formats.md), or pick another --format")
-            ids.check(seq.trajectory_id, ctx)
-            return seq
+    def convert(item: tuple[Any, list | None], ctx: RecordContext) -> TokenSequence:
+        rec, steps = item
+        if not isinstance(rec, Mapping):
+            raise error(ctx, "not_an_object", f"row is {type_name(rec)} {short(rec)}, not an object",
+                        'write rows as {"input_ids": [...], "response_mask": [...], "reward": ...}')
+        if steps is not None:
+            return _steps_row(rec, steps, ctx, options, spec.source)
+        if "input_ids" in rec or "response_mask" in rec:
+            return _sequence_row(rec, ctx, options, spec.source)
+        raise error(ctx, "no_tokens", f"row has neither input_ids + response_mask nor prompt_ids + "
+                    f"completion_ids; keys {sorted(map(str, rec))[:10]}",
+                    "write tokenized rows (see docs/input_formats.md), or pick another --format")
 
-        seq = guarded(convert, opts.lenient, report)
-        if seq is not None:
-            yield seq
+    grouped = _group_steps(_iter_rows(spec.path, options, report, spec.label), options)
+    rows = (((rec, steps), ctx) for rec, ctx, steps in grouped)
+    return convert_records(rows, convert, options.lenient, report)
 
 
 def read_file(spec: Any, options: ReadOptions,
