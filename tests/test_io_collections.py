@@ -37,6 +37,9 @@ def _nemo_tree(root: Path) -> Path:
             recs.append(r)
         (root / "resources_servers" / env / "data").mkdir(parents=True)
         write_jsonl(root / "resources_servers" / env / "data" / "example_rollouts.jsonl", recs)
+        # the task inputs beside the rollouts: requests without output items, not rollouts
+        write_jsonl(root / "resources_servers" / env / "data" / "example.jsonl",
+                    [{"responses_create_params": r["responses_create_params"], "_ng_task_index": 0} for r in recs])
     (root / "resources_servers" / "tau2" / "notes.txt").write_text("todo: more seeds\n")
     (root / "resources_servers" / "sokoban" / "config.json").write_text(json.dumps({"seed": 1, "max_steps": 30}))
     (root / ".git").mkdir()
@@ -53,8 +56,11 @@ def test_nemo_gym_tree_in_one_run(tmp_path):
     assert [c.trajectory_id for c in convs] == ["sokoban:0", "sokoban:1", "tau2:0", "tau2:1", "tau2:2"]
     assert [c.group_id for c in convs] == ["0", "0", "0", "0", "1"]  # _ng_task_index
     assert all("_ng_task_index" not in c.metadata for c in convs)
-    assert rep.skipped_files == {"not_rollout_file": 2} and rep.skipped == {}
+    assert rep.skipped_files == {"not_rollout_file": 4} and rep.skipped == {}
     assert rep.formats == {str(root): "responses"}
+    # a task-input file named on its own is read as Responses, and its reader names the problem
+    with pytest.raises(InputError, match=r"example.jsonl: record 0 \(line 1\): missing reward"):
+        read_inputs([root / "resources_servers" / "tau2" / "data" / "example.jsonl"])
 
 
 def test_stray_files_skipped_without_lenient_and_counted_in_summary(tmp_path, critic_dir):
@@ -64,11 +70,12 @@ def test_stray_files_skipped_without_lenient_and_counted_in_summary(tmp_path, cr
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
     assert s["n_trajectories"] == 5
-    assert s["input"]["skipped_files"] == {"not_rollout_file": 2} and s["input"]["skipped_total"] == 0
+    assert s["input"]["skipped_files"] == {"not_rollout_file": 4} and s["input"]["skipped_total"] == 0
     cfg = json.loads((tmp_path / "o" / "config.json").read_text())
     assert cfg["read_options"]["format"] == "auto" and cfg["read_options"]["lenient"] is False
     assert cfg["read_options"]["request_assistant"] == "context"
     assert cfg["input_files"] == {str(root): {"format": "responses", "kind": "conversations", "files": 2}}
+    assert sorted(s["by_source"]) == ["sokoban", "tau2"]
     assert cfg["allow_pickle"] is False and cfg["scoring_cache"]["resume"] is True
     assert cfg["scoring_cache"]["chunk_tokens"] == 65536
 

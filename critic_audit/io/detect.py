@@ -220,7 +220,11 @@ def _walk(root: Path, opts: ReadOptions, report: ReadReport) -> Iterator[tuple[P
 def _file_format(f: Path, opts: ReadOptions, *, explicit: bool) -> str | None:
     if opts.format == "auto":
         fmt = detect_file(f, opts)
-        return "chat" if fmt is None and explicit else fmt
+        if fmt is None and explicit:  # read it anyway, so that its reader names the problem
+            from critic_audit.io.responses import is_responses_record
+
+            return "responses" if is_responses_record(first_record(f)) else "chat"
+        return fmt
     forced = FORMATS[opts.format]
     if f.name.lower().endswith(".parquet") and forced.name == "tokenized":
         return "tables" if detect_file(f, opts) == "tables" else "tokenized"  # a tokens table stays tables

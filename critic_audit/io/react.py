@@ -57,9 +57,9 @@ def sniff_record(rec: Any, options: ReadOptions) -> bool:
 
 
 def sniff_file(path: Path, head: str, options: ReadOptions) -> bool:
-    """A Reflexion ReAct log (``BEGIN TRIAL k`` and ``Question:`` in its head); other ``.txt`` /
-    ``.log`` files are not rollouts."""
-    return looks_like_reflexion_log(head)
+    """A Reflexion ReAct log (``BEGIN TRIAL k`` and ``Question:`` in its head, not a JSON file); other
+    ``.txt`` / ``.log`` files are not rollouts."""
+    return not path.name.lower().endswith((".json", ".jsonl", ".ndjson")) and looks_like_reflexion_log(head)
 
 
 def looks_like_reflexion_log(head: str) -> bool:

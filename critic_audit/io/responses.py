@@ -46,7 +46,12 @@ _MODEL_TYPES = ("reasoning", "function_call")
 
 
 def sniff_record(rec: Any, options: ReadOptions) -> bool:
-    return is_responses_record(rec)
+    """A Responses record **with output items**: a request alone (NeMo Gym's ``data/example.jsonl``
+    task inputs beside ``example_rollouts.jsonl``) is not a rollout."""
+    if not is_responses_record(rec):
+        return False
+    resp = rec.get("response")
+    return isinstance(rec.get("output"), list) or (isinstance(resp, Mapping) and isinstance(resp.get("output"), list))
 
 
 def is_responses_record(rec: Any) -> bool:
