@@ -91,6 +91,14 @@ def test_explicit_ids_colliding_across_files_are_qualified(tmp_path):
     assert [c.metadata["id_in_file"] for c in convs] == ["7", "9", "7", "9"]
 
 
+def test_same_stem_in_one_folder(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps([conv(0, 1, 1.0)["traj"]]))
+    (tmp_path / "a.jsonl").write_text(json.dumps({"messages": conv(1, 1, 0.0)["traj"], "reward": 0}) + "\n")
+    convs = read_inputs([tmp_path], ReadOptions(require_reward=False))
+    assert [c.trajectory_id for c in convs] == ["a.json:0", "a.jsonl:0"]
+    assert [c.source for c in convs] == ["a", "a"]
+
+
 def test_request_assistant_items_are_context_by_default(tmp_path):
     rec = nemo_record(0, 1.0)
     rec["responses_create_params"]["input"] += [

@@ -286,11 +286,11 @@ def _names(files: list[tuple[Path, Path, str]], opts: ReadOptions) -> list[tuple
         else:
             sources.append(_distinguishing(f, [g for (_, g, _), s in zip(files, stems) if s == stem]) or stem)
     by_source = Counter(sources)
-    out = []
-    for (root, f, _), source in zip(files, sources):
-        label = source if by_source[source] == 1 else _relative(f, root)
-        out.append((opts.source if opts.source is not None else source, label))
-    return out
+    labels = [source if by_source[source] == 1 else _relative(f, root) for (root, f, _), source in zip(files, sources)]
+    by_label = Counter(labels)  # a.json beside a.jsonl: the file name tells them apart
+    labels = [lab if by_label[lab] == 1 else str(PurePosixPath(lab).parent / f.name).removeprefix("./")
+              for lab, (_, f, _) in zip(labels, files)]
+    return [(opts.source if opts.source is not None else source, label) for source, label in zip(sources, labels)]
 
 
 def _distinguishing(f: Path, group: list[Path]) -> str:
