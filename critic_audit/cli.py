@@ -260,6 +260,10 @@ def analyze(
     if skipped:
         err.print(f"skipped {sum(skipped.values())} bad record(s): "
                   + ", ".join(f"{k}: {v}" for k, v in skipped.items()), soft_wrap=True)
+    files = (s.get("input") or {}).get("skipped_files") or {}
+    if files:
+        err.print(f"skipped {sum(files.values())} file(s) that hold no rollouts (summary.json input.skipped_file_examples)",
+                  soft_wrap=True)
     if as_json:
         sys.stdout.write(json.dumps(s, indent=2, default=str) + "\n")
     elif "per_critic" in s:

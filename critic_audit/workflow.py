@@ -345,12 +345,15 @@ def _audit_one(
 
 def _check_vocabulary(tokens: pl.DataFrame, critic: Any, report: ReadReport, warnings: list[str]) -> None:
     """Policy token ids read from the input (tokenized rows, ATIF token ids) are scored as they are:
-    refuse ids the critic's tokenizer does not have, and say that the tokenizers must agree."""
+    refuse ids the critic's tokenizer does not have, and say which ATIF files were scored on their own
+    ids and which were re-rendered.
+
+    Raises:
+        ConfigError: a token id to score is outside the critic's vocabulary.
+    """
     todo = tokens.filter(pl.col("response_mask") & pl.col("value").is_null())
-    if todo.height == 0:
-        return
     size = len(critic.tokenizer)
-    top = int(todo["token_id"].max())
+    top = int(todo["token_id"].max()) if todo.height else -1
     if top >= size:
         raise ConfigError(f"the input's token ids reach {top}, beyond the critic's vocabulary of {size}: the critic's "
                           "tokenizer is not the policy's", fix="use a critic with the policy's tokenizer, or re-render "
@@ -359,6 +362,11 @@ def _check_vocabulary(tokens: pl.DataFrame, critic: Any, report: ReadReport, war
     if n:
         warnings.append(f"{n} ATIF trajectory file(s) were scored on the policy's own token ids (prompt_token_ids + "
                         "completion_token_ids): the values mean something only if the critic's tokenizer is the policy's")
+    rerendered = sum(v for k, v in report.notes.items() if k.startswith("atif_rerendered_text"))
+    if rerendered:
+        warnings.append(f"{rerendered} ATIF trajectory file(s) carry no usable token ids: their text was re-rendered "
+                        "with the critic's chat template, so the tokens scored are not the policy's own (see "
+                        "input.notes)")
 
 
 def _write_folder(folder: Path, result: AuditResult, tokens: pl.DataFrame, config: dict[str, Any], plots: bool) -> None:

@@ -217,13 +217,26 @@ def test_atif_invalid_and_missing_reward(tmp_path):
     assert (c.reward, c.success) == (1.0, True)
 
 
+def test_token_ids_beyond_the_critic_vocabulary_are_refused(tmp_path, critic_dir):
+    doc = json.loads((ATIF / "job-demo" / "trial-1" / "agent" / "trajectory.json").read_text())
+    doc["steps"][3]["metrics"]["completion_token_ids"] = [70, 71, 4000]  # the tiny critic has 300 ids
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["analyze", str(p), "--critic", str(critic_dir), "--out", str(tmp_path / "o"),
+                              "--json", "--no-plots", "--no-reward"])
+    assert res.exit_code == 1
+    assert "token ids reach 4000, beyond the critic's vocabulary of 300" in " ".join(res.output.split())
+
+
 def test_analyze_atif_job_scores_exact_tokens(tmp_path, critic_dir):
     res = runner.invoke(app, ["analyze", str(ATIF), "--critic", str(critic_dir), "--out", str(tmp_path / "o"),
                               "--json", "--no-plots", "--bootstrap", "20"])
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
     assert s["n_trajectories"] == 2
-    assert any("policy's own token ids" in w for w in s["warnings"])
+    assert any(w.startswith("1 ATIF trajectory file(s) were scored on the policy's own token ids") for w in s["warnings"])
+    assert any(w.startswith("1 ATIF trajectory file(s) carry no usable token ids") for w in s["warnings"])
+    assert s["input"]["notes"] == {"atif_exact_token_ids": 1, "atif_rerendered_text: no completion_token_ids": 1}
     tokens = pl.read_parquet(tmp_path / "o" / "tokens.parquet").filter(pl.col("trajectory_id") == "sess-0001")
     assert tokens["token_id"].to_list() == [1, 40, 41, 50, 51, 60, 61, 70, 71, 72]
     assert tokens.filter(pl.col("response_mask"))["value"].null_count() == 0
