@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from critic_audit.errors import ConfigError, CriticAuditError
+from critic_audit.io.formats import format_help
 
 app = typer.Typer(
     name="critic-audit",
@@ -196,10 +197,12 @@ def analyze(
     success_threshold: Annotated[Optional[float], typer.Option(help="Without a success field: success = reward >= this (default 0.5 for chat; per-format rule otherwise, see docs/input_formats.md).")] = None,
     no_reward: NoReward = False,
     stream: Annotated[bool, typer.Option("--stream", help="Audit one canonical-table folder with values without loading its tokens (tables larger than memory).")] = False,
-    input_format: Annotated[str, typer.Option("--format", help="Input format: auto (detected per input), chat, responses (OpenAI Responses / NeMo Gym), react (ReAct transcripts, Reflexion logs), swe (SWE-agent / mini-swe-agent trajectories), tokenized (token-id rows, verl dumps).")] = "auto",
+    input_format: Annotated[str, typer.Option("--format", help=format_help())] = "auto",
     labels: Annotated[Optional[Path], typer.Option(help="Success labels joined on an id: SWE-bench results JSON (resolved_ids), or JSON/JSONL id -> resolved.")] = None,
     labels_key: Annotated[Optional[str], typer.Option(help="Join key of --labels (the id field of label records and of rollouts; default instance_id).")] = None,
     lenient: Annotated[bool, typer.Option("--lenient", help="Skip bad records (counted per reason in summary.json 'input') instead of stopping at the first.")] = False,
+    request_assistant: Annotated[str, typer.Option(help="Assistant items inside a Responses request input (replayed turns, a fixed greeting): context (rendered, not policy turns) or policy (counted as turns).")] = "context",
+    token_ids: Annotated[str, typer.Option(help="Token ids in the input (ATIF completion_token_ids): auto (score exactly those when every agent step has them; the critic's tokenizer must be the policy's) or text (re-render the text).")] = "auto",
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Write critic scores chunk by chunk to <out>.scoring-cache/ and resume an interrupted run from it (removed after success).")] = True,
     keep_scoring_cache: Annotated[bool, typer.Option("--keep-scoring-cache", help="Keep <out>.scoring-cache/ after success.")] = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read pickle critic weights (*.bin, *.pt, verl FSDP shards) with torch.load(weights_only=True).")] = False,
@@ -211,19 +214,16 @@ def analyze(
     """Score rollouts with a critic and decompose its values into between-turn and within-turn variance."""
     try:
         from critic_audit.analysis.audit import AuditConfig
-        from critic_audit.io.chat import ChatReadOptions
-        from critic_audit.io.common import InputOptions
+        from critic_audit.io.records import ReadOptions
         from critic_audit.turns import TokenizeConfig
         from critic_audit.workflow import ScoringConfig
         from critic_audit.workflow import analyze as run_analyze
 
-        read_opts = ChatReadOptions(
-            messages_key=messages_key, reward_key=reward_key, success_key=success_key, id_key=id_key,
-            group_key=group_key, checkpoint_key=checkpoint_key, source=source, checkpoint=checkpoint,
-            success_threshold=0.5 if success_threshold is None else success_threshold,
-            require_reward=not no_reward)
-        input_opts = InputOptions(format=input_format, lenient=lenient, labels=labels, labels_key=labels_key,
-                                  success_threshold=success_threshold)
+        read_opts = ReadOptions(
+            format=input_format, messages_key=messages_key, reward_key=reward_key, success_key=success_key,
+            id_key=id_key, group_key=group_key, checkpoint_key=checkpoint_key, source=source, checkpoint=checkpoint,
+            success_threshold=success_threshold, require_reward=not no_reward, lenient=lenient, labels=labels,
+            labels_key=labels_key, request_assistant=request_assistant, token_ids=token_ids)
         template = _read_template(chat_template)
         tcfg = TokenizeConfig(max_length=max_length, overlong=overlong, chat_template=template)
         acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed, group_by=tuple(group_by or ()))
@@ -235,8 +235,8 @@ def analyze(
         with _Bar(enabled=not as_json or err.is_terminal) as bar, pickle_allowed(allow_pickle), \
                 scoring_cache(cache_root_for(out_dir), resume=resume, keep=keep_scoring_cache):
             res = run_analyze(inputs, out_dir, scoring=scoring, read_options=read_opts, tokenize=tcfg,
-                              audit_config=acfg, plots=not no_plots, progress=bar, input_options=input_opts,
-                              stream=stream, overwrite=overwrite)
+                              audit_config=acfg, plots=not no_plots, progress=bar, stream=stream,
+                              overwrite=overwrite)
     except typer.Exit:
         raise
     except KeyboardInterrupt:
@@ -263,6 +263,10 @@ def analyze(
     if skipped:
         err.print(f"skipped {sum(skipped.values())} bad record(s): "
                   + ", ".join(f"{k}: {v}" for k, v in skipped.items()), soft_wrap=True)
+    files = (s.get("input") or {}).get("skipped_files") or {}
+    if files:
+        err.print(f"skipped {sum(files.values())} file(s) that hold no rollouts (summary.json input.skipped_file_examples)",
+                  soft_wrap=True)
     if as_json:
         sys.stdout.write(json.dumps(s, indent=2, default=str) + "\n")
     elif "per_critic" in s:
@@ -314,11 +318,11 @@ def fit_critic(
 ) -> None:
     """Fit a value head on a frozen backbone to Monte-Carlo returns (lambda = 1) and save a critic folder."""
     try:
-        from critic_audit.io.chat import ChatReadOptions
+        from critic_audit.io.records import ReadOptions
         from critic_audit.turns import TokenizeConfig
         from critic_audit.workflow import fit_critic as run_fit
 
-        read_opts = ChatReadOptions(messages_key=messages_key, reward_key=reward_key, success_key=success_key,
+        read_opts = ReadOptions(messages_key=messages_key, reward_key=reward_key, success_key=success_key,
                                     id_key=id_key, group_key=group_key, source=source,
                                     success_threshold=success_threshold)
         tcfg = TokenizeConfig(max_length=max_length, overlong=overlong, chat_template=_read_template(chat_template))

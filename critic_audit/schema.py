@@ -84,8 +84,9 @@ class Conversation:
 
     @property
     def num_turns(self) -> int:
-        """Number of assistant messages (turns K)."""
-        return sum(1 for m in self.messages if m.get("role") == "assistant")
+        """Number of policy turns K: assistant messages not marked ``"context": true`` (an assistant
+        message replayed as context, e.g. from a Responses request input, is rendered but not a turn)."""
+        return sum(1 for m in self.messages if m.get("role") == "assistant" and not m.get("context"))
 
 
 def _bad_text(s: str) -> bool:
@@ -220,5 +221,44 @@ def validate(df: pl.DataFrame, table: str, *, path: str | None = None) -> pl.Dat
     if dup:
         raise SchemaError(f"{table} table has {dup} duplicate key(s) {key}", path=path,
                           fix="make the key unique")
+    if table == "tokens":
+        check_token_rows(df, path=path)
     ordered = list(schema) + [c for c in df.columns if c not in schema]
     return df.select(ordered)
+
+
+#: Row rules of the tokens table (``docs/tables.md``), checked by :func:`validate`.
+TOKEN_ROW_RULES = {
+    "policy_token_without_turn": "a response_mask = true token has a null turn",
+    "turn_reappears": "a turn id reappears after another turn of the same trajectory (turns are contiguous runs)",
+}
+
+
+def token_row_violations(df: pl.DataFrame) -> dict[str, tuple[int, str]]:
+    """The rows of a tokens table that break :data:`TOKEN_ROW_RULES`: ``{rule: (count, first example)}``
+    (count: rows for ``policy_token_without_turn``, (trajectory, turn) pairs for ``turn_reappears``);
+    rules that hold are left out."""
+    out: dict[str, tuple[int, str]] = {}
+    bad = df.filter(pl.col("response_mask") & pl.col("turn").is_null())
+    if bad.height:
+        r = bad.row(0, named=True)
+        out["policy_token_without_turn"] = (bad.height, f"trajectory {r['trajectory_id']!r} position {r['position']}")
+    turns = (df.lazy().filter(pl.col("turn").is_not_null()).sort(["trajectory_id", "position"])
+             .with_columns(start=(pl.col("turn") != pl.col("turn").shift(1).over("trajectory_id")).fill_null(True))
+             .filter(pl.col("start")).group_by(["trajectory_id", "turn"]).agg(runs=pl.len(), at=pl.col("position").max())
+             .filter(pl.col("runs") > 1).sort(["trajectory_id", "turn"]).collect())
+    if turns.height:
+        r = turns.row(0, named=True)
+        out["turn_reappears"] = (turns.height, f"trajectory {r['trajectory_id']!r} turn {r['turn']} again at "
+                                               f"position {r['at']}")
+    return out
+
+
+def check_token_rows(df: pl.DataFrame, *, path: str | None = None) -> None:
+    """Raise :class:`SchemaError` when a tokens table breaks a row rule (:data:`TOKEN_ROW_RULES`); the
+    message counts every broken rule and names its first row."""
+    bad = token_row_violations(df)
+    if bad:
+        parts = "; ".join(f"{rule}: {n} ({TOKEN_ROW_RULES[rule]}; first: {ex})" for rule, (n, ex) in bad.items())
+        raise SchemaError(f"tokens table breaks {len(bad)} row rule(s): {parts}", path=path,
+                          fix="give every policy token its turn and keep each turn one contiguous run (docs/tables.md)")

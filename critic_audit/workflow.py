@@ -18,11 +18,12 @@ import polars as pl
 
 from critic_audit import __version__
 from critic_audit.analysis.audit import AuditConfig, AuditResult, audit
-from critic_audit.errors import ConfigError, InputError, SchemaError
-from critic_audit.io.chat import ChatReadOptions, read_chat
-from critic_audit.io.common import InputOptions, ReadReport
+from critic_audit.errors import ConfigError, InputError
+from critic_audit.io.detect import ResolvedInput, qualify_ids, read_conversations, resolve_inputs
+from critic_audit.io.formats import FORMATS
+from critic_audit.io.records import ReadOptions, ReadReport
+from critic_audit.schema import Conversation, conversations_to_trajectories, read_parquet
 from critic_audit.outputs import check_out_path, check_replaceable, publish, staging
-from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, conversations_to_trajectories, read_parquet, validate
 from critic_audit.turns import (
     EXCLUDE_NO_ASSISTANT,
     EXCLUDE_OVERLONG_DROPPED,
@@ -91,131 +92,81 @@ class ScoringConfig:
         return self.workers > 1 or self.backend == "ray"
 
 
-def _reading(input_options: InputOptions | None, report: ReadReport | None) -> tuple[InputOptions, ReadReport]:
-    return input_options or InputOptions(), report if report is not None else ReadReport()
-
-
-def input_format(path: str | Path, input_options: InputOptions | None = None,
-                 read_options: ChatReadOptions | None = None) -> str:
-    """The format ``path`` is read as: the forced ``--format``, or the detected one (docs/input_formats.md)."""
-    from critic_audit.io.detect import detect_format
-
-    iopts, _ = _reading(input_options, None)
-    if iopts.format != "auto":
-        if iopts.format == "tokenized" and Path(path).is_dir() and (Path(path) / "tokens.parquet").exists():
-            return "tables"
-        return iopts.format
-    return detect_format(path, read_options.messages_key if read_options else None)
-
-
-def read_inputs(paths: Sequence[str | Path], options: ChatReadOptions = ChatReadOptions(), *,
-                input_options: InputOptions | None = None, report: ReadReport | None = None) -> list[Conversation]:
-    """Read rollouts of the conversation formats (chat, responses, react, swe; ``input_options.format``
-    or detected per input) from several files or folders; trajectory ids must be unique across them.
-    Lenient mode (``input_options.lenient``) skips bad records and counts them in ``report``.
+def read_inputs(paths: Sequence[str | Path], options: ReadOptions = ReadOptions(), *,
+                report: ReadReport | None = None,
+                resolved: Sequence[ResolvedInput] | None = None) -> list[Conversation]:
+    """Read rollouts of the conversation formats (``options.format``, or detected per file) from several
+    files or folders (searched recursively; stray files skipped and counted in ``report``). A
+    trajectory id found in several files is qualified with its file's label (``env_a/7``); lenient mode
+    (``options.lenient``) skips bad records and counts them in ``report``. ``resolved``: the inputs as
+    :func:`critic_audit.io.detect.resolve_inputs` resolved them (not resolved again).
 
     Raises:
-        InputError: a file cannot be read, a bad record (strict mode), or two inputs share a trajectory id.
+        InputError: a file cannot be read, a bad record (strict mode), or an input holds tables.
     """
-    from critic_audit.io.detect import CONVERSATION_FORMATS, iter_conversations
-
-    iopts, rep = _reading(input_options, report)
+    rep = report if report is not None else ReadReport()
+    res = list(resolved) if resolved is not None else resolve_inputs(list(paths), options, rep)
     convs: list[Conversation] = []
-    seen: dict[str, str] = {}
-    for p in paths:
-        fmt = input_format(p, iopts, options)
-        if fmt not in CONVERSATION_FORMATS:
-            raise InputError(f"this input is {fmt} data, not conversations", path=p,
+    labels: list[str] = []
+    for r in res:
+        tables = [f for f in r.files if f.kind == "tables"]
+        if tables and len(tables) == len(r.files) and resolved is None:
+            raise InputError(f"this input is {tables[0].format} data, not conversations", path=tables[0].path,
                              fix="pass it to analyze as a table input, or force another --format")
-        rep.formats[str(p)] = fmt
-        if fmt == "chat" and not iopts.lenient and iopts.labels is None:
-            it = read_chat(p, options)
-        else:
-            it = iter_conversations(p, fmt, options, iopts, rep)
-        for c in it:
-            if c.trajectory_id in seen:
-                raise InputError(
-                    f"trajectory id {c.trajectory_id!r} also appears in {seen[c.trajectory_id]}",
-                    path=p, record=c.trajectory_id,
-                    fix="give every rollout a unique id (or read the inputs in separate runs)",
-                )
-            seen[c.trajectory_id] = str(p)
-            convs.append(c)
+        for spec in r.files:
+            if spec.kind != "conversations":
+                continue
+            for c in read_conversations(spec, options, rep):
+                convs.append(c)
+                labels.append(spec.label)
+    n = qualify_ids(convs, labels)
+    if n:
+        rep.notes["trajectory_ids_qualified_with_file"] += n
     return convs
 
 
-def is_table_input(path: str | Path, input_options: InputOptions | None = None) -> bool:
-    """True when ``path`` is read as tables: a canonical-table folder (``tokens.parquet``), a tokens
-    Parquet file, a verl dump folder (``step_*.tokens.parquet``) or a ``tokenized`` input."""
-    from critic_audit.io.detect import TABLE_FORMATS
-
-    p = Path(path)
-    iopts, _ = _reading(input_options, None)
-    if iopts.format != "auto":
-        return iopts.format == "tokenized"
-    if (p.is_dir() and (p / "tokens.parquet").exists()) or p.suffix == ".parquet":
-        return True
-    if not p.exists():
-        return False
+def is_table_input(path: str | Path, options: ReadOptions | None = None) -> bool:
+    """True when every file of ``path`` is read as tables: a canonical-table folder (``tokens.parquet``),
+    a tokens Parquet file, a verl dump folder (``step_*.tokens.parquet``), tokenized rows, or ATIF
+    files with token ids. False for a missing or unreadable path."""
     try:
-        return input_format(p, iopts) in TABLE_FORMATS
+        [r] = resolve_inputs([path], options or ReadOptions(), ReadReport())
     except InputError:
         return False
+    return r.kind == "tables"
 
 
-def read_tables(path: str | Path, *, read_options: ChatReadOptions | None = None,
-                input_options: InputOptions | None = None,
+def read_table_specs(resolved: Sequence[ResolvedInput], options: ReadOptions,
+                     report: ReadReport) -> list[tuple[Path, pl.DataFrame, pl.DataFrame, dict[str, str]]]:
+    """``(path, trajectories, tokens, pre_excluded)`` of every table file of ``resolved``, each read once."""
+    out = []
+    for r in resolved:
+        for spec in r.files:
+            if spec.kind == "tables":
+                tr, tk, pre = FORMATS[spec.format].reader().read_file(spec, options, report)
+                out.append((spec.path, tr, tk, pre))
+    return out
+
+
+def read_tables(path: str | Path, *, options: ReadOptions | None = None,
                 report: ReadReport | None = None) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
-    """Read canonical tables: a folder with ``tokens.parquet`` (and ``trajectories.parquet``) or a
-    tokens Parquet file. Without a trajectories table one is derived from the tokens (no rewards).
-    Tokenized rollouts (``input_ids`` + ``response_mask`` rows, verifiers steps) and verl dump folders
-    are converted to the canonical tables (:mod:`critic_audit.io.tokenized`).
-
-    Returns ``(trajectories, tokens, pre_excluded)``: the trajectories table reduced to its canonical
-    columns (an earlier audit's statistics are dropped), and the exclusions made before scoring that
-    an earlier audit recorded (no assistant turn, over-long), keyed by trajectory id.
+    """Read one table input: canonical tables (:func:`critic_audit.io.tables.read_tables`), tokenized
+    rollouts or ATIF files with token ids (converted), as one ``(trajectories, tokens, pre_excluded)``.
 
     Raises:
-        InputError: the file is missing or not Parquet. SchemaError: a table breaks its schema.
+        InputError: the path is missing or not a table input. SchemaError: a table breaks its schema.
     """
-    from critic_audit.io.detect import read_table_input
-
+    opts = options or ReadOptions()
+    rep = report if report is not None else ReadReport()
     p = Path(path)
-    iopts, rep = _reading(input_options, report)
-    if p.exists():
-        fmt = input_format(p, iopts, read_options)
-        rep.formats[str(p)] = fmt
-        converted = read_table_input(p, fmt, read_options, iopts, rep)
-        if converted is not None:
-            return converted[0], converted[1], {}
-    tok_path = p / "tokens.parquet" if p.is_dir() else p
-    traj_path = tok_path.parent / "trajectories.parquet"
-    if not tok_path.exists():
-        raise InputError("no such file", path=tok_path, fix="check the path")
-    try:
-        tokens = read_parquet(tok_path)
-        trajs = read_parquet(traj_path) if traj_path.exists() else None
-    except Exception as e:  # pyarrow/polars raise many types for a corrupt file
-        raise InputError(f"cannot read Parquet ({str(e).splitlines()[0]})", path=tok_path,
-                         fix="pass a Parquet file written by critic-audit or in the layout of docs/tables.md") from None
-    tokens = validate(tokens, "tokens", path=str(tok_path))
-    if trajs is None:
-        trajs = tokens.group_by("trajectory_id", maintain_order=True).agg(
-            num_turns=pl.col("turn").n_unique() - pl.col("turn").is_null().any().cast(pl.UInt32))
-    pre: dict[str, str] = {}
-    if "excluded" in trajs.columns:
-        rows = trajs.filter(pl.col("excluded").is_in(list(PRE_SCORING_EXCLUSIONS)))
-        pre = dict(zip(rows["trajectory_id"].cast(pl.String).to_list(), rows["excluded"].to_list()))
-    trajs = validate(trajs, "trajectories", path=str(traj_path)).select(list(TRAJECTORY_SCHEMA))
-    orphans = tokens.select("trajectory_id").unique().join(trajs.select("trajectory_id"), on="trajectory_id", how="anti")
-    if orphans.height:
-        first = orphans.sort("trajectory_id")["trajectory_id"][0]
-        n_rows = tokens.filter(pl.col("trajectory_id").is_in(orphans["trajectory_id"].implode())).height
-        raise SchemaError(f"{n_rows} token row(s) of {orphans.height} trajectory id(s) are missing from "
-                          f"{traj_path.name}", path=tok_path, record=f"trajectory {first!r}",
-                          fix="write both tables from the same rollouts (or remove trajectories.parquet to "
-                              "derive it from the tokens)")
-    return trajs, tokens, pre
+    if not p.exists():
+        raise InputError("no such file", path=p, fix="check the path")
+    parts = read_table_specs(resolve_inputs([p], opts, rep), opts, rep)
+    if not parts:
+        raise InputError("this input holds no tables", path=p, fix="pass a canonical-table folder or tokenized rows")
+    trajs = pl.concat([x[1] for x in parts], how="vertical_relaxed")
+    tokens = pl.concat([x[2] for x in parts], how="vertical_relaxed")
+    return trajs, tokens, {k: v for x in parts for k, v in x[3].items()}
 
 
 def check_output_folder(out_dir: Path, inputs: Sequence[str | Path] = (), *, overwrite: bool = False) -> Path:
@@ -286,17 +237,18 @@ def critic_labels(scorings: Sequence[ScoringConfig]) -> list[str]:
 def _audit_one(
     inputs: Sequence[str | Path],
     scoring: ScoringConfig | None,
-    read_options: ChatReadOptions,
+    read_options: ReadOptions,
     tokenize: TokenizeConfig,
     audit_config: AuditConfig,
     progress: Progress | None,
     convs: list[Conversation] | None,
-    input_options: InputOptions,
+    tables: Sequence[tuple[Path, pl.DataFrame, pl.DataFrame, dict[str, str]]],
     report: ReadReport,
 ) -> tuple[AuditResult, pl.DataFrame, int | None]:
-    """Read, tokenize with this critic's tokenizer, score and audit; returns (result, tokens, context)."""
-    table_inputs = [p for p in inputs if is_table_input(p, input_options)]
-    chat_inputs = [p for p in inputs if not is_table_input(p, input_options)]
+    """Tokenize with this critic's tokenizer, score and audit the inputs read once by :func:`analyze`
+    (``convs``: the conversations; ``tables``: the table inputs); returns (result, tokens, context)."""
+    chat_inputs = list(inputs) if convs else []
+    table_inputs = [t[0] for t in tables]
     trajs_parts: list[pl.DataFrame] = []
     token_parts: list[pl.DataFrame] = []
     pre_excluded: dict[str, str] = {}
@@ -305,8 +257,7 @@ def _audit_one(
 
     carried: list[dict[str, Any]] = []
     warnings: list[str] = []
-    for p in table_inputs:
-        tr, tk, pre = read_tables(p, read_options=read_options, input_options=input_options, report=report)
+    for p, tr, tk, pre in tables:
         pre_excluded.update(pre)
         trajs_parts.append(tr)
         token_parts.append(tk)
@@ -367,6 +318,7 @@ def _audit_one(
     if critic is not None:
         for p, tk in zip(table_inputs, token_parts):  # before scoring: name the file and the trajectory
             _check_scorable(tk, critic, p)
+        _check_vocabulary(tokens, critic, report, warnings)
         tokens = _score_missing(tokens, critic, scoring, inference, progress)
 
     result = audit(trajectories, tokens, audit_config, pre_excluded=pre_excluded)
@@ -382,12 +334,39 @@ def _audit_one(
     return result, tokens, (critic.max_length if critic else None)
 
 
+def _check_vocabulary(tokens: pl.DataFrame, critic: Any, report: ReadReport, warnings: list[str]) -> None:
+    """Policy token ids read from the input (tokenized rows, ATIF token ids) are scored as they are:
+    refuse ids the critic's tokenizer does not have, and say which ATIF files were scored on their own
+    ids and which were re-rendered.
+
+    Raises:
+        ConfigError: a token id to score is outside the critic's vocabulary.
+    """
+    todo = tokens.filter(pl.col("response_mask") & pl.col("value").is_null())
+    size = len(critic.tokenizer)
+    top = int(todo["token_id"].max()) if todo.height else -1
+    if top >= size:
+        raise ConfigError(f"the input's token ids reach {top}, beyond the critic's vocabulary of {size}: the critic's "
+                          "tokenizer is not the policy's", fix="use a critic with the policy's tokenizer, or re-render "
+                          "the text (ATIF: --token-ids text)")
+    n = report.notes.get("atif_exact_token_ids", 0)
+    if n:
+        warnings.append(f"{n} ATIF trajectory file(s) were scored on the policy's own token ids (prompt_token_ids + "
+                        "completion_token_ids): the values mean something only if the critic's tokenizer is the policy's")
+    rerendered = sum(v for k, v in report.notes.items() if k.startswith("atif_rerendered_text"))
+    if rerendered:
+        warnings.append(f"{rerendered} ATIF trajectory file(s) carry no usable token ids: their text was re-rendered "
+                        "with the critic's chat template, so the tokens scored are not the policy's own (see "
+                        "input.notes)")
+
+
 def _write_folder(folder: Path, result: AuditResult, tokens: pl.DataFrame, config: dict[str, Any], plots: bool) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     _write_json(folder / "summary.json", result.summary)
     _write_json(folder / "config.json", config)
-    result.per_trajectory.write_parquet(folder / "trajectories.parquet")
-    tokens.write_parquet(folder / "tokens.parquet")
+    from critic_audit.io.tables import write_tables
+
+    write_tables(folder, result.per_trajectory, tokens)
     if plots:
         from critic_audit.report import render_folder
 
@@ -399,22 +378,22 @@ def analyze(
     out_dir: str | Path,
     *,
     scoring: ScoringConfig | Sequence[ScoringConfig] | None,
-    read_options: ChatReadOptions = ChatReadOptions(),
+    read_options: ReadOptions = ReadOptions(),
     tokenize: TokenizeConfig = TokenizeConfig(),
     audit_config: AuditConfig = AuditConfig(),
     plots: bool = True,
     progress: Progress | None = None,
-    input_options: InputOptions = InputOptions(),
     stream: bool = False,
     overwrite: bool = False,
 ) -> AnalyzeOutcome:
     """Run the audit end to end and write the output folder atomically.
 
-    Inputs are rollout files/folders of any supported format (``input_options.format``, auto-detected
-    per input by default; ``docs/input_formats.md``) or canonical-table folders (``tokens.parquet`` +
-    ``trajectories.parquet``); tables whose policy tokens all carry a value skip critic inference.
-    ``input_options`` also sets lenient reading, labels and the success rule of the non-chat formats;
-    the summary's ``input`` entry holds the format read per input and the records skipped per reason.
+    Inputs are rollout files/folders of any supported format (``read_options.format``, auto-detected
+    per file by default; folders searched recursively; ``docs/input_formats.md``) or canonical-table
+    folders (``tokens.parquet`` + ``trajectories.parquet``); tables whose policy tokens all carry a value
+    skip critic inference. Inputs are resolved and read once, whatever the number of critics. The
+    summary's ``input`` entry holds the format read per input, the records skipped per reason and the
+    files skipped per reason; ``config.json`` records every option that shaped the result.
 
     ``stream=True`` audits one canonical-table input whose values are all present without loading its
     tokens table: the decomposition reads it in row batches (tables larger than memory); the output
@@ -443,10 +422,6 @@ def analyze(
     for p in inputs:
         _refuse_multi_critic_folder(p)
     _report = ReadReport()
-    chat_inputs = [p for p in inputs if not is_table_input(p, input_options)]
-    for p in chat_inputs:
-        if not Path(p).exists():
-            raise InputError("no such file or folder", path=p, fix="check the path")
     if stream:
         return _analyze_stream(inputs, out_dir, audit_config, plots, t0, overwrite)
     scorings: list[ScoringConfig | None]
@@ -456,7 +431,10 @@ def analyze(
         scorings = [scoring]
     else:
         scorings = list(scoring) or [None]
-    convs = read_inputs(chat_inputs, read_options, input_options=input_options, report=_report) if chat_inputs else None
+    resolved = resolve_inputs(list(inputs), read_options, _report)  # once: path -> files, format, kind
+    chat_inputs = [r.path for r in resolved if any(f.kind == "conversations" for f in r.files)]
+    tables = read_table_specs(resolved, read_options, _report)
+    convs = read_inputs(chat_inputs, read_options, report=_report, resolved=resolved) if chat_inputs else None
     if chat_inputs and not convs:
         raise InputError("no rollouts in the input", path=chat_inputs[0] if len(chat_inputs) == 1 else None,
                          fix="pass a file with at least one record")
@@ -465,13 +443,15 @@ def analyze(
     base_config = {
         "inputs": [str(p) for p in inputs],
         "out": str(out_dir),
-        "read_options": dataclasses.asdict(read_options),
+        "read_options": read_options.as_dict(),
+        "input_files": {str(r.path): {"format": r.format, "kind": r.kind, "files": len(r.files)} for r in resolved},
         "tokenize": {**dataclasses.asdict(tokenize), "chat_template": bool(tokenize.chat_template)},
         "audit": dataclasses.asdict(audit_config),
+        **_run_options(),
     }
     if len(scorings) == 1:
         result, tokens, ctx = _audit_one(inputs, scorings[0], read_options, tokenize, audit_config, progress, convs,
-                                         input_options, _report)
+                                         tables, _report)
         config = {**base_config, "scoring": dataclasses.asdict(scorings[0]) if scorings[0] else None,
                   "critic_max_length": ctx}
         with staging(out_dir) as tmp:
@@ -490,7 +470,7 @@ def analyze(
                     progress(f"{stage} [{_label}]", d, n)
 
             result, tokens, ctx = _audit_one(inputs, sc, read_options, tokenize, audit_config, prog, convs,
-                                             input_options, _report)
+                                             tables, _report)
             config = {**base_config, "scoring": dataclasses.asdict(sc), "critic_max_length": ctx}
             _write_folder(tmp / "critics" / label, result, tokens, config, plots)
             pers.append(result.per_trajectory.with_columns(critic=pl.lit(label)))
@@ -521,6 +501,17 @@ def analyze(
             render_comparison(tmp, per_all, summary)
         _publish(tmp, out_dir, overwrite, critics=labels)
     return AnalyzeOutcome(AuditResult(per_all, summary), first_tokens, out_dir)
+
+
+def _run_options() -> dict[str, Any]:
+    """The run-wide options the CLI sets as context (resume, scoring cache, chunk size, allow-pickle),
+    for ``config.json``."""
+    from critic_audit.critic.options import ALLOW_PICKLE, current_options
+
+    cache = current_options()
+    return {"allow_pickle": ALLOW_PICKLE.get(),
+            "scoring_cache": None if cache is None else {"root": str(cache.root), "resume": cache.resume,
+                                                         "keep": cache.keep, "chunk_tokens": cache.chunk_tokens}}
 
 
 def expand_table_folders(inputs: Sequence[str | Path]) -> list[str | Path]:
@@ -613,16 +604,14 @@ def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: A
     if not tok_path.exists() or not traj_path.exists():
         raise InputError("--stream needs tokens.parquet and trajectories.parquet side by side", path=p,
                          fix="pass a canonical-table folder")
+    from critic_audit.io.tables import canonical_trajectories
+
     try:
-        trajs = read_parquet(traj_path)
+        raw = read_parquet(traj_path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a corrupt file
         raise InputError(f"cannot read Parquet ({(str(e).strip().splitlines() or [type(e).__name__])[0]})",
                          path=traj_path, fix="pass a canonical-table folder written by critic-audit") from None
-    pre: dict[str, str] = {}
-    if "excluded" in trajs.columns:
-        rows = trajs.filter(pl.col("excluded").is_in(list(PRE_SCORING_EXCLUSIONS)))
-        pre = dict(zip(rows["trajectory_id"].cast(pl.String).to_list(), rows["excluded"].to_list()))
-    trajs = validate(trajs, "trajectories", path=str(traj_path)).select(list(TRAJECTORY_SCHEMA))
+    trajs, pre = canonical_trajectories(raw, path=str(traj_path))
     try:
         result = audit_parquet(trajs, tok_path, audit_config, pre_excluded=pre)
     except (OSError, UnicodeDecodeError, ArrowException) as e:  # a corrupt page, found while streaming
@@ -757,7 +746,7 @@ def fit_critic(
     out_dir: str | Path,
     *,
     backbone: str = "smollm2-135m",
-    read_options: ChatReadOptions = ChatReadOptions(),
+    read_options: ReadOptions = ReadOptions(),
     tokenize: TokenizeConfig = TokenizeConfig(),
     ridge: float = 1e-3,
     weighting: str = "trajectory",

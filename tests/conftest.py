@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parent / "data"
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data"
 
 #: SmolLM2-Instruct's chat template (ChatML with a default system prompt), as shipped in its GGUF.

@@ -13,12 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from critic_audit.errors import ConfigError, InputError
-from critic_audit.io import ChatReadOptions, iter_chat, read_chat, write_chat_jsonl
+from critic_audit.io import ChatReadOptions, ReadReport, iter_chat, read_chat, write_chat_jsonl
 from critic_audit.schema import Conversation
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-TAU = DATA / "tau_bench_airline" / "historical_trajectories" / "gpt-4o-airline.json"
-FIREACT = DATA / "fireact_hotpotqa" / "trajs"
+from conftest import SAMPLE
+
+#: 20 of the 200 tau-bench airline trajectories and 40 of 465 FireAct runs (sample_data/SOURCE.md).
+TAU = SAMPLE / "tau_bench_airline" / "gpt-4o-airline.sample20.json"
+FIREACT = SAMPLE / "fireact_hotpotqa"
 
 NO_REWARD = ChatReadOptions(require_reward=False)
 
@@ -65,40 +67,42 @@ def _turn_stats(convs: list[Conversation]) -> tuple[int, float, int]:
     return min(turns), statistics.median(turns), max(turns)
 
 
-@pytest.mark.skipif(not TAU.exists(), reason="shared data not present")
 def test_tau_bench_airline_loads_with_no_options():
+    """Golden counts taken on the raw JSON (plain json.load, no reader): 20 records, 10 with reward 1,
+    225 assistant messages of which 107 carry tool calls, 2 / 11 / 30 assistant messages min / median /
+    max, 18 distinct task ids."""
     convs = read_chat(TAU)
-    assert len(convs) == 200
-    assert sum(c.success for c in convs) == 84
+    assert len(convs) == 20
+    assert sum(c.success for c in convs) == 10
     assert all(c.reward in (0.0, 1.0) for c in convs)
     assistant = [m for c in convs for m in c.messages if m["role"] == "assistant"]
     calls = [m for m in assistant if m.get("tool_calls")]
-    assert len(assistant) == 2454
-    assert len(calls) == 1164
-    assert len(assistant) - len(calls) == 1290
+    assert len(assistant) == 225
+    assert len(calls) == 107
     assert _turn_stats(convs) == (2, 11, 30)
-    # task_id -> group (50 tasks x 4 trials), the rest -> metadata
-    assert len({c.group_id for c in convs}) == 50
+    # task_id -> group, the rest -> metadata
+    assert len({c.group_id for c in convs}) == 18
     assert all(isinstance(c.group_id, str) for c in convs)
     c = convs[17]
-    assert c.record == "gpt-4o-airline.json: record 17"
-    assert c.trajectory_id == "gpt-4o-airline:17"
-    assert c.source == "gpt-4o-airline"
+    assert c.record == "gpt-4o-airline.sample20.json: record 17"
+    assert c.trajectory_id == "gpt-4o-airline.sample20:17"
+    assert c.source == "gpt-4o-airline.sample20"
     assert set(c.metadata) == {"info", "trial"}
-    assert len({c.trajectory_id for c in convs}) == 200
+    assert len({c.trajectory_id for c in convs}) == 20
     # every tool call has parsed arguments
     for m in calls:
         assert len(m["tool_calls"]) == 1
         assert isinstance(m["tool_calls"][0]["function"]["arguments"], dict)
 
 
-@pytest.mark.skipif(not FIREACT.exists(), reason="shared data not present")
 def test_fireact_hotpotqa_loads_with_no_options():
     files = sorted(FIREACT.glob("*.json"))
+    raw = json.loads(files[0].read_text())
+    n_assistant = sorted(sum(m["role"] == "assistant" for m in r["traj"]) for r in raw.values())
     convs = [c for f in files for c in read_chat(f)]
-    assert len(convs) == 465
-    assert sum(c.success for c in convs) == 200
-    assert _turn_stats(convs) == (1, 3, 11)
+    assert len(convs) == 40
+    assert sum(c.success for c in convs) == 20
+    assert _turn_stats(convs) == (n_assistant[0], statistics.median(n_assistant), n_assistant[-1])
     assert all(c.reward in (0.0, 1.0) for c in convs)
     assert all(c.success == (c.reward == 1.0) for c in convs)
     # keyed by question id: the key is the id; no group field
@@ -174,11 +178,15 @@ def test_directory_reads_json_files_sorted(tmp_path):
     _write(d / "a.json", [_rec(1, id="a0"), _rec(1, id="a1")])
     (d / "notes.txt").write_text("not read")
     (d / "sub").mkdir()
-    _write(d / "sub" / "c.json", [_rec(1, id="c0")])  # not recursive
-    convs = read_chat(d)
-    assert [c.trajectory_id for c in convs] == ["a0", "a1", "b0"]
-    assert [c.source for c in convs] == ["a", "a", "b"]
-    assert [c.source for c in read_chat(d, ChatReadOptions(source="mine"))] == ["mine"] * 3
+    _write(d / "sub" / "c.json", [_rec(1, id="c0")])  # folders are searched recursively
+    _write(d / "config.json", {"lr": 0.1, "seed": 3})  # not a rollout file: skipped and counted
+    rep = ReadReport()
+    convs = read_chat(d, report=rep)
+    assert [c.trajectory_id for c in convs] == ["a0", "a1", "b0", "c0"]
+    assert [c.source for c in convs] == ["a", "a", "b", "c"]
+    assert rep.skipped_files == {"not_rollout_file": 2}
+    assert sorted(rep.skipped_file_examples["not_rollout_file"]) == [str(d / "config.json"), str(d / "notes.txt")]
+    assert [c.source for c in read_chat(d, ChatReadOptions(source="mine"))] == ["mine"] * 4
 
 
 def test_iter_chat_is_lazy_generator(tmp_path):
@@ -282,7 +290,7 @@ def test_missing_file(tmp_path):
 
 def test_directory_without_json_files(tmp_path):
     (tmp_path / "a.txt").write_text("x")
-    _error(tmp_path, "no *.json")
+    _error(tmp_path, "the folder holds no rollout file (1 other file(s) skipped)")
 
 
 def test_empty_file(tmp_path):
@@ -369,9 +377,10 @@ def test_duplicate_ids(tmp_path):
     d.mkdir()
     _write(d / "x.json", [_rec(1, id="a")])
     _write(d / "y.json", [_rec(1, id="a")])
-    with pytest.raises(InputError, match="duplicate trajectory id 'a'") as ei:
-        read_chat(d)
-    assert str(d / "y.json") in str(ei.value) and str(d / "x.json") in str(ei.value)
+    # an id found in two files is qualified with each file's label; the file's own id is kept
+    convs = read_chat(d)
+    assert [c.trajectory_id for c in convs] == ["x/a", "y/a"]
+    assert [c.metadata["id_in_file"] for c in convs] == ["a", "a"]
 
 
 def test_bad_content_and_tool_calls(tmp_path):

@@ -62,14 +62,14 @@ def test_analyze_react_fireact_and_reflexion(tmp_path, critic_dir):
     p.write_text(json.dumps({str(i): fireact_llama_record(i, i % 2 == 0) for i in range(4)}))
     s = _ok(_run("analyze", p, "--critic", critic_dir, "--out", tmp_path / "o", *BASE))
     assert s["n_included"] == 4 and s["input"]["formats"][str(p)] == "react"
-    if REFLEXION_LOG.exists():  # a few entries of the real log, cut at a trial boundary
-        text = REFLEXION_LOG.read_text(encoding="utf-8")
-        head = text[: text.index("------------- BEGIN INCORRECT AGENTS")]
-        head = head[: head.index("Question:", head.index("Question:", head.index("Question:") + 1) + 1)]
-        log = tmp_path / "reflexion.txt"
-        log.write_text(head)
-        s = _ok(_run("analyze", log, "--critic", critic_dir, "--out", tmp_path / "o2", *BASE))
-        assert s["n_trajectories"] == 2 and s["input"]["formats"][str(log)] == "react"
+    # a few entries of the real log, cut at a trial boundary
+    text = REFLEXION_LOG.read_text(encoding="utf-8")
+    head = text[: text.index("------------- BEGIN INCORRECT AGENTS")]
+    head = head[: head.index("Question:", head.index("Question:", head.index("Question:") + 1) + 1)]
+    log = tmp_path / "reflexion.txt"
+    log.write_text(head)
+    s = _ok(_run("analyze", log, "--critic", critic_dir, "--out", tmp_path / "o2", *BASE))
+    assert s["n_trajectories"] == 2 and s["input"]["formats"][str(log)] == "react"
 
 
 def test_analyze_swe_with_labels(tmp_path, critic_dir):
@@ -224,7 +224,7 @@ def test_hypothesis_swe(data, mini):
         lab.write_text(json.dumps({"a-1": True}))
         return d
 
-    _reader_never_crashes(lambda d: read_swe(d / "a-1.traj.json", input_options=InputOptions(labels=d / "labels.json")),
+    _reader_never_crashes(lambda d: read_swe(d / "a-1.traj.json", options=InputOptions(labels=d / "labels.json")),
                           write, rec, data)
 
 

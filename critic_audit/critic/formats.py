@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from critic_audit.critic.checkpoint import quiet_transformers, read_config, weight_files
 from critic_audit.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,6 @@ class Resolved:
 
 
 def quiet():
-    from critic_audit.critic.load import quiet_transformers
 
     return quiet_transformers()
 
@@ -269,7 +269,6 @@ def describe_folder(path: Path) -> str:
 
 def resolve(path: Path, *, head: Path | None, allow_pickle: bool, trust_remote_code: bool) -> Resolved:
     """Detect the format of ``path`` (a folder, or a ``.gguf`` file) and resolve it."""
-    from critic_audit.critic.load import read_config
 
     if path.is_file() and path.suffix == ".gguf":
         return _gguf(path, head, allow_pickle)
@@ -301,7 +300,6 @@ def resolve(path: Path, *, head: Path | None, allow_pickle: bool, trust_remote_c
 
 def _weights(path: Path, allow_pickle: bool) -> tuple[list[Path], dict[str, torch.Tensor] | None]:
     """Safetensors weight files of an HF folder, or (with the flag) a pickle state dict."""
-    from critic_audit.critic.load import weight_files
 
     try:
         files = weight_files(path)
@@ -428,7 +426,6 @@ def _verl_dir(path: Path) -> Path | None:
 
 
 def _verl_fsdp(path: Path, head: Path | None, allow_pickle: bool, trust_remote_code: bool) -> Resolved:
-    from critic_audit.critic.load import read_config
 
     ranks: dict[int, dict[int, Path]] = {}
     for p in path.iterdir():
@@ -526,7 +523,6 @@ _PEFT_HEAD = re.compile(r"^(?:base_model\.model\.)?(score|v_head\.summary|value_
 
 
 def _peft(path: Path, head: Path | None, allow_pickle: bool, trust_remote_code: bool) -> Resolved:
-    from critic_audit.critic.load import read_config
 
     acfg = read_json(path / "adapter_config.json")
     base = acfg.get("base_model_name_or_path")

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from critic_audit.critic.checkpoint import FIT_FIX, quiet_transformers, read_config, weight_files  # noqa: F401
 from critic_audit.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
@@ -35,8 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEAD_PREFIX = "score"
-FIT_FIX = "fit one with `critic-audit fit-critic`, or point to a token-classification checkpoint"
-
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -77,23 +74,6 @@ class Critic:
     details: dict = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' load reports and progress bars (they go to stderr; stdout stays clean)."""
-    from transformers.utils import logging as hf_logging
-
-    old_level = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(old_level)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"`` -> cuda when available, else cpu; anything else is passed to :class:`torch.device`."""
     if isinstance(device, torch.device):
@@ -125,68 +105,6 @@ def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None
             f"invalid dtype {dtype!r}", fix="use auto, float32 (fp32), bfloat16 (bf16) or float16 (fp16)"
         )
     return _DTYPES[key]
-
-
-def read_config(path: Path, *, trust_remote_code: bool = False) -> dict:
-    """Read ``path/config.json`` as a dict, checking the folder, the file and custom code."""
-    path = Path(path)
-    if not path.is_dir():
-        what = "is a file, not a folder" if path.exists() else "does not exist"
-        raise CheckpointError(f"critic checkpoint folder {what}", path=path, fix="pass the checkpoint folder")
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise CheckpointError(
-            "no config.json: not a Hugging Face checkpoint folder",
-            path=path,
-            fix="point to a folder written by save_pretrained (it holds config.json and *.safetensors)",
-        )
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"config.json is not valid JSON ({exc})", path=path) from exc
-    if not isinstance(cfg, dict):
-        raise CheckpointError("config.json is not a JSON object", path=path)
-    if cfg.get("auto_map") and not trust_remote_code:
-        raise CheckpointError(
-            "config.json has auto_map: loading it runs Python code shipped with the checkpoint",
-            path=path,
-            fix="pass --trust-remote-code if you trust this code",
-        )
-    return cfg
-
-
-def weight_files(path: Path) -> list[Path]:
-    """The safetensors weight files of a checkpoint folder (sharded or not).
-
-    Raises CheckpointError when there are none (pickle-only checkpoints are refused).
-    """
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, json.JSONDecodeError, KeyError, AttributeError) as exc:
-            raise CheckpointError(f"unreadable model.safetensors.index.json ({exc})", path=path) from exc
-        files = [path / n for n in names]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise CheckpointError(f"shards listed in the index are missing: {', '.join(missing)}", path=path)
-        return files
-    single = path / "model.safetensors"
-    if single.is_file():
-        return [single]
-    others = sorted(path.glob("*.safetensors"))
-    if others:
-        return others
-    pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
-    if pickles:
-        raise CheckpointError(
-            f"only pickle weights ({', '.join(pickles[:3])}); pickle files are refused by default (loading one "
-            "can run code)",
-            path=path,
-            fix="pass --allow-pickle (allow_pickle=True) to read them with torch.load(weights_only=True), or "
-                "convert them to safetensors with save_pretrained(..., safe_serialization=True)",
-        )
-    raise CheckpointError("no weights (*.safetensors) in the folder", path=path, fix=FIT_FIX)
 
 
 def weight_keys(files: list[Path]) -> set[str]:

@@ -1,204 +1,335 @@
-"""Detect the format of a rollout input and read it with the matching reader.
+"""Resolve inputs once (path -> files, each with its format, kind, collection and label) and read them
+with the registered readers (:mod:`critic_audit.io.formats`).
 
-Formats (``--format``; ``auto`` detects one per input, see :func:`detect_format`):
+A folder is searched recursively (hidden entries are left out). A folder holding ``tokens.parquet``
+or ``step_*.tokens.parquet`` is one table input (not searched further). Every other file is detected
+on its own (:func:`detect_file`); a file no format reads (``notes.txt``, ``config.json``, a SWE-bench
+results file) is skipped and counted in :attr:`ReadReport.skipped_files` as ``not_rollout_file``.
 
-========== ============================================================ =====================
-format     input                                                        becomes
-========== ============================================================ =====================
-chat       OpenAI chat-completions records (:mod:`critic_audit.io.chat`) Conversation records
-responses  OpenAI Responses records, NeMo Gym rollouts                  Conversation records
-react      ReAct transcripts (string field, Reflexion ``.txt`` logs)    Conversation records
-swe        SWE-agent / mini-swe-agent ``*.traj`` / ``*.traj.json``      Conversation records
-tokenized  token-id rows (verl-style, verifiers steps), verl dumps      canonical tables
-========== ============================================================ =====================
-
-Canonical-table folders (``tokens.parquet``) and folders written by
-:func:`critic_audit.io.verl_dump.dump_verl_batch` (``step_*.tokens.parquet``) are table inputs too.
+Names (``docs/input_formats.md``, "Collections"): the ``source`` of a conversation is its file's
+collection: the file stem; where several files of a run share a stem (NeMo Gym writes every
+environment's rollouts to ``resources_servers/<env>/data/example_rollouts.jsonl``), the folders that
+tell them apart, generic folder names (``data``, ``rollouts``, ...) left out (``<env>``). Formats
+with one rollout per file name the collection themselves (a SWE-agent run folder, a Harbor job).
+Generated ids are ``{label}:{index}`` (the label: the source, or the relative path where sources
+collide), and a trajectory id found in several files is qualified as ``{label}/{id}`` in each.
 """
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-import polars as pl
-
 from critic_audit.errors import InputError
-from critic_audit.io.chat import DIR_SUFFIXES, JSONL_SUFFIXES, MESSAGES_KEYS, ChatReadOptions, _Ctx
-from critic_audit.io.common import FORMATS, InputOptions, ReadReport, guarded, iter_jsonl, load_json, _JSONL
-from critic_audit.schema import TRAJECTORY_SCHEMA, Conversation, read_parquet, validate
+from critic_audit.io.formats import FORMATS, Format
+from critic_audit.io.records import (
+    AS_JSONL, JSONL_SUFFIXES, MESSAGES_KEYS, ReadOptions, ReadReport, iter_jsonl, load_json,
+)
+from critic_audit.schema import Conversation
 
-__all__ = ["detect_format", "is_table_format", "iter_conversations", "read_table_input", "FORMATS",
-           "CONVERSATION_FORMATS", "TABLE_FORMATS"]
+__all__ = ["FileSpec", "ResolvedInput", "resolve_inputs", "detect_file", "detect_format", "read_conversations",
+           "iter_conversations", "qualify_ids", "CONVERSATION_FORMATS", "TABLE_FORMATS", "is_table_format"]
 
-#: ``mixed``: a folder whose files hold different conversation formats (each file read with its own).
-CONVERSATION_FORMATS = ("chat", "responses", "react", "swe", "mixed")
-#: ``tables``: canonical tables (a folder with tokens.parquet, a tokens Parquet file, a verl dump folder).
-TABLE_FORMATS = ("tokenized", "tables")
-_TEXT_SUFFIXES = (".txt", ".log")
-
-
-def _record_format(rec: Any, messages_key: str | None = None) -> str:
-    from critic_audit.io.react import is_react_record
-    from critic_audit.io.responses import is_responses_record
-    from critic_audit.io.swe import is_swe_record
-    from critic_audit.io.tokenized import is_tokenized_record
-
-    if is_tokenized_record(rec):
-        return "tokenized"
-    if is_swe_record(rec):
-        return "swe"
-    if is_responses_record(rec):
-        return "responses"
-    if is_react_record(rec, messages_key):
-        return "react"
-    return "chat"
+#: ``mixed``: an input whose files hold different conversation formats (each file read with its own).
+CONVERSATION_FORMATS = (*(n for n, f in FORMATS.items() if f.kind == "conversations"), "mixed")
+TABLE_FORMATS = tuple(n for n, f in FORMATS.items() if f.kind == "tables")
+#: Folder names that say nothing about a collection (left out of a source name).
+GENERIC_DIRS = frozenset({"data", "rollouts", "outputs", "output", "results", "trajs", "trajectories", "logs",
+                          "runs", "agent", "eval", "evals", "samples", "jsonl", "json"})
+_ALL_SUFFIXES = tuple(sorted({s for f in FORMATS.values() for s in f.suffixes}, key=len, reverse=True))
+_HEAD = 20000
 
 
-def _first_record(path: Path) -> Any:
+@dataclass(frozen=True)
+class FileSpec:
+    """One file (or table folder) to read: its format, its collection (``source``) and the unique
+    ``label`` its generated ids start with."""
+
+    path: Path
+    format: str
+    source: str
+    label: str
+    kind: str = "conversations"
+
+
+@dataclass
+class ResolvedInput:
+    """An input path resolved to files: ``format`` is theirs when they agree, ``mixed`` otherwise;
+    ``kind`` is ``tables`` when every file is read as tables."""
+
+    path: Path
+    files: list[FileSpec] = field(default_factory=list)
+
+    @property
+    def format(self) -> str:
+        fmts = {f.format for f in self.files}
+        if fmts == {"tokenized", "tables"}:
+            return "tables"
+        return fmts.pop() if len(fmts) == 1 else "mixed"
+
+    @property
+    def kind(self) -> str:
+        kinds = {f.kind for f in self.files}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+# --------------------------------------------------------------------------------------------- detection
+
+
+def _is_table_folder(p: Path) -> bool:
+    return (p / "tokens.parquet").is_file() or any(p.glob("step_*.tokens.parquet"))
+
+
+def _head(path: Path) -> str:
+    """The first characters of a text file ("" for a binary or unreadable one)."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(_HEAD)
+    except OSError:
+        return ""
+    if b"\x00" in raw:
+        return ""
+    return raw.decode("utf-8-sig", errors="replace")
+
+
+def first_record(path: Path) -> Any:
     """The first record of a JSON / JSONL file (None when there is none or it does not parse)."""
     try:
-        if path.suffix.lower() in JSONL_SUFFIXES:
-            doc = _JSONL
-        else:
-            doc = load_json(path)
-        if doc is _JSONL:
+        doc = AS_JSONL if path.suffix.lower() in JSONL_SUFFIXES else load_json(path)
+        if doc is AS_JSONL:
             for rec, _ in iter_jsonl(path, lenient=True):
                 return rec
             return None
     except InputError:
         return None
     if isinstance(doc, list):
+        if doc and isinstance(doc[0], Mapping) and isinstance(doc[0].get("role"), str):
+            return doc  # a bare list of messages
         return doc[0] if doc else None
     if isinstance(doc, Mapping):
-        if any(k in doc for k in MESSAGES_KEYS) or _record_format(doc) != "chat":
+        if any(k in doc for k in MESSAGES_KEYS) or any(_sniffs(f, doc, None) for f in FORMATS.values()):
             return doc
-        vals = [v for v in doc.values() if isinstance(v, Mapping)]
+        vals = [v for v in doc.values() if isinstance(v, (Mapping, list))]
         return vals[0] if vals and len(vals) == len(doc) else doc
-    return None
+    return doc
 
 
-def _file_format(path: Path, messages_key: str | None) -> str:
-    from critic_audit.io.react import looks_like_reflexion_log
-    from critic_audit.io.swe import TRAJ_SUFFIXES
-    from critic_audit.io.tokenized import tokenized_columns
-
-    name = path.name.lower()
-    if name.endswith(TRAJ_SUFFIXES):
-        return "swe"
-    if name.endswith(".parquet"):
-        try:
-            cols = pl.read_parquet_schema(path)
-        except Exception:  # corrupt: let the table reader report it
-            return "tables"
-        return "tokenized" if tokenized_columns(list(cols)) else "tables"
-    if name.endswith(_TEXT_SUFFIXES) or not name.endswith(DIR_SUFFIXES):
-        try:
-            with path.open("r", encoding="utf-8-sig", errors="replace") as fh:
-                head = fh.read(20000)
-        except OSError:
-            return "chat"
-        if looks_like_reflexion_log(head):
-            return "react"
-        if name.endswith(_TEXT_SUFFIXES):
-            return "react"
-    return _record_format(_first_record(path), messages_key)
+def _sniffs(fmt: Format, rec: Any, opts: ReadOptions | None) -> bool:
+    sniff = getattr(fmt.reader(), "sniff_record", None)
+    return bool(sniff and sniff(rec, opts or ReadOptions()))
 
 
-_CACHE: dict[tuple[Any, ...], str] = {}
+_CACHE: dict[tuple[Any, ...], str | None] = {}
 
 
-def detect_format(path: str | Path, messages_key: str | None = None) -> str:
-    """The format of a file or folder: one of :data:`CONVERSATION_FORMATS`, ``tokenized`` or ``tables``.
+def detect_file(path: str | Path, options: ReadOptions | None = None) -> str | None:
+    """The format of one file, or None when no format reads it (a stray file).
 
-    Rules, in order: a folder with ``tokens.parquet`` or ``step_*.tokens.parquet`` -> ``tables``; a
-    ``*.traj`` / ``*.traj.json`` file, or a folder holding any (at any depth) -> ``swe``; a Parquet file
-    with ``input_ids`` + ``response_mask`` (or ``prompt_ids`` + ``completion_ids``) -> ``tokenized``,
-    other Parquet -> ``tables``; a ``.txt`` / ``.log`` file -> ``react``; a JSON / JSONL file by its
-    first record (token ids -> ``tokenized``; ``history`` or ``messages`` + SWE ``info`` -> ``swe``;
-    ``responses_create_params`` / ``response.output`` / typed ``output`` items -> ``responses``; a
-    transcript string with ``Thought:`` / ``Action:`` lines -> ``react``; anything else -> ``chat``). A
-    folder takes the format of its files when they agree; otherwise ``chat`` (and the chat reader names
-    the first file it cannot read); files of different conversation formats make the folder
-    ``mixed``: each file is read with its own format.
-
-    Raises:
-        InputError: the path does not exist.
+    Rules, in the registry's order: a format whose ``sniff_file`` claims the file by name or head
+    (``*.traj`` -> swe; Parquet by its columns -> tables / tokenized; a Reflexion log -> react);
+    then, for JSON / JSONL files, the first format whose ``sniff_record`` accepts the first record
+    (token ids -> tokenized; ``schema_version`` ATIF -> atif; SWE history -> swe; Responses items ->
+    responses; a transcript string -> react; a messages list -> chat). A JSON file that does not
+    parse is given to chat, whose reader names the error.
     """
     p = Path(path)
+    opts = options or ReadOptions()
     try:
         st = p.stat()
     except OSError:
         raise InputError("no such file or directory", path=p, fix="check the path") from None
-    if p.is_dir():
-        return _detect(p, messages_key)
-    key = (str(p.resolve()), st.st_mtime_ns, st.st_size, messages_key)  # a file is parsed once
+    key = (str(p.resolve()), st.st_mtime_ns, st.st_size, opts.messages_key)  # a file is sniffed once
     if key not in _CACHE:
-        if len(_CACHE) > 256:
+        if len(_CACHE) > 4096:
             _CACHE.clear()
-        _CACHE[key] = _detect(p, messages_key)
+        _CACHE[key] = _detect_file(p, opts)
     return _CACHE[key]
 
 
-def _detect(p: Path, messages_key: str | None) -> str:
-    if p.is_dir():
-        if (p / "tokens.parquet").exists() or any(p.glob("step_*.tokens.parquet")):
-            return "tables"
-        from critic_audit.io.swe import TRAJ_SUFFIXES
+def _detect_file(p: Path, opts: ReadOptions) -> str | None:
+    name = p.name.lower()
+    head = None
+    for fmt in FORMATS.values():
+        sniff = getattr(fmt.reader(), "sniff_file", None) if name.endswith(fmt.suffixes) else None
+        if sniff is not None:
+            head = _head(p) if head is None else head
+            if sniff(p, head, opts):
+                return fmt.name
+    if not name.endswith((".json", *JSONL_SUFFIXES)):
+        return None
+    rec = first_record(p)
+    if rec is None:
+        try:
+            load_json(p) if p.suffix.lower() not in JSONL_SUFFIXES else None
+        except InputError:
+            return "chat"  # unreadable JSON: the chat reader reports it
+        return None
+    for fmt in FORMATS.values():
+        if name.endswith(fmt.suffixes) and _sniffs(fmt, rec, opts):
+            return fmt.name
+    return None
 
-        if any(q.name.lower().endswith(TRAJ_SUFFIXES) for q in p.rglob("*") if q.is_file()):
-            return "swe"
-        files = sorted(q for q in p.iterdir() if q.is_file() and not q.name.startswith(".")
-                       and q.name.lower().endswith((*DIR_SUFFIXES, ".parquet", *_TEXT_SUFFIXES)))
-        kinds = {detect_format(q, messages_key) for q in files}
-        if len(kinds) == 1:
-            return kinds.pop()
-        if len(kinds) > 1 and kinds <= set(CONVERSATION_FORMATS):
-            return "mixed"
-        return "chat"
-    return _file_format(p, messages_key)
+
+def detect_format(path: str | Path, messages_key: str | None = None) -> str:
+    """The format of a file or folder: a registered name, ``mixed`` (a folder of several conversation
+    formats) or ``tables``. A file no format claims is ``chat`` (its reader names the problem).
+
+    Raises:
+        InputError: the path does not exist, or a folder holds no rollout file.
+    """
+    opts = ReadOptions(messages_key=messages_key)
+    [res] = resolve_inputs([path], opts, ReadReport())
+    return res.format
 
 
-def is_table_format(fmt: str) -> bool:
-    return fmt in TABLE_FORMATS
+# --------------------------------------------------------------------------------------------- resolution
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for s in _ALL_SUFFIXES:
+        if name.lower().endswith(s) and len(name) > len(s):
+            return name[: -len(s)]
+    return path.stem
+
+
+def _walk(root: Path, opts: ReadOptions, report: ReadReport) -> Iterator[tuple[Path, str]]:
+    """``(path, format)`` of every rollout file / table folder below ``root``, in sorted order."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        if d != root and _is_table_folder(d):
+            dirnames[:] = []
+            yield d, "tables"
+            continue
+        dirnames[:] = sorted(n for n in dirnames if not n.startswith("."))
+        for n in sorted(filenames):
+            if n.startswith("."):
+                continue
+            f = d / n
+            fmt = _file_format(f, opts, explicit=False)
+            if fmt is None:
+                report.skip_file(f, "not_rollout_file")
+            else:
+                yield f, fmt
+
+
+def _file_format(f: Path, opts: ReadOptions, *, explicit: bool) -> str | None:
+    if opts.format == "auto":
+        fmt = detect_file(f, opts)
+        if fmt is None and explicit:  # read it anyway, so that its reader names the problem
+            from critic_audit.io.responses import is_responses_record
+
+            return "responses" if is_responses_record(first_record(f)) else "chat"
+        return fmt
+    forced = FORMATS[opts.format]
+    if f.name.lower().endswith(".parquet") and forced.name == "tokenized":
+        return "tables" if detect_file(f, opts) == "tables" else "tokenized"  # a tokens table stays tables
+    if explicit:
+        return forced.name
+    # a folder search reads the files of the forced format's suffixes that some format reads
+    return forced.name if f.name.lower().endswith(forced.suffixes) and detect_file(f, opts) is not None else None
+
+
+def resolve_inputs(paths: list[str | Path] | tuple[str | Path, ...], options: ReadOptions | None = None,
+                   report: ReadReport | None = None) -> list[ResolvedInput]:
+    """Resolve every input once: its files, each with format, kind, collection and label.
+
+    Raises:
+        InputError: a path does not exist, or a folder holds no file any format reads.
+    """
+    opts = options or ReadOptions()
+    rep = report if report is not None else ReadReport()
+    found: list[tuple[int, Path, str]] = []
+    for i, raw in enumerate(paths):
+        p = Path(raw)
+        if not p.exists():
+            raise InputError("no such file or directory", path=p, fix="check the path")
+        if p.is_dir() and _is_table_folder(p):
+            found.append((i, p, "tables"))
+            continue
+        if p.is_dir():
+            before = Counter(rep.skipped_files)
+            files = list(_walk(p, opts, rep))
+            if not files:
+                skipped = sum((rep.skipped_files - before).values())
+                raise InputError(f"the folder holds no rollout file ({skipped} other file(s) skipped)", path=p,
+                                 fix="point at rollout files (docs/input_formats.md), or pick the format with --format")
+            found.extend((i, f, fmt) for f, fmt in files)
+        else:
+            found.append((i, p, _file_format(p, opts, explicit=True) or "chat"))
+    names = _names([(Path(paths[i]), f, fmt) for i, f, fmt in found], opts)
+    out = [ResolvedInput(Path(p)) for p in paths]
+    for (i, f, fmt), (source, label) in zip(found, names):
+        reader = FORMATS[fmt].reader()
+        kind = reader.file_kind(f, opts) if hasattr(reader, "file_kind") else FORMATS[fmt].kind
+        out[i].files.append(FileSpec(f, fmt, source, label, kind))
+    for r in out:
+        rep.formats[str(r.path)] = r.format
+    return out
+
+
+def _names(files: list[tuple[Path, Path, str]], opts: ReadOptions) -> list[tuple[str, str]]:
+    """``(source, label)`` of every file (see the module docstring)."""
+    stems = [_stem(f) if not f.is_dir() else f.name for _, f, _ in files]
+    by_stem = Counter(stems)
+    sources = []
+    for (root, f, fmt), stem in zip(files, stems):
+        collection = getattr(FORMATS[fmt].reader(), "collection_of", None)
+        if collection is not None:
+            sources.append(collection(f, root))
+        elif by_stem[stem] == 1:
+            sources.append(stem)
+        else:
+            sources.append(_distinguishing(f, [g for (_, g, _), s in zip(files, stems) if s == stem]) or stem)
+    by_source = Counter(sources)
+    labels = [source if by_source[source] == 1 else _relative(f, root) for (root, f, _), source in zip(files, sources)]
+    by_label = Counter(labels)  # a.json beside a.jsonl: the file name tells them apart
+    labels = [lab if by_label[lab] == 1 else str(PurePosixPath(lab).parent / f.name).removeprefix("./")
+              for lab, (_, f, _) in zip(labels, files)]
+    return [(opts.source if opts.source is not None else source, label) for source, label in zip(sources, labels)]
+
+
+def _distinguishing(f: Path, group: list[Path]) -> str:
+    """The folders of ``f`` below the common folder of ``group``, generic names left out."""
+    common = Path(os.path.commonpath([g.parent.resolve() for g in group]))
+    rel = f.parent.resolve().relative_to(common).parts
+    parts = [x for x in rel if x.lower() not in GENERIC_DIRS] or list(rel)
+    return "/".join(parts)
+
+
+def _relative(f: Path, root: Path) -> str:
+    """``f`` relative to its input (the input's own name for a file input), suffix dropped."""
+    if f == root or not root.is_dir():
+        return _stem(f)
+    rel = PurePosixPath(*f.relative_to(root).parts)
+    return str(rel.parent / _stem(f)) if str(rel.parent) != "." else _stem(f)
 
 
 # --------------------------------------------------------------------------------------------- reading
 
 
-def _lenient_chat(path: Path, opts: ChatReadOptions, report: ReadReport | None) -> Iterator[Conversation]:
-    """The chat reader, record by record, skipping (and counting) bad records."""
-    from critic_audit.io.chat import _conversation, _files, _records_of_json
-    from critic_audit.io.common import IdRegistry
-
-    ids = IdRegistry()
-    for file in _files(path):
-        source = opts.source if opts.source is not None else file.stem
-        if file.suffix.lower() in JSONL_SUFFIXES:
-            records: Iterator[tuple[Any, _Ctx]] = iter_jsonl(file, True, report)
-        else:
-            doc = load_json(file)
-            records = iter_jsonl(file, True, report) if doc is _JSONL else _records_of_json(doc, file, opts)
-        for raw, ctx in records:
-            def convert(raw: Any = raw, ctx: _Ctx = ctx, source: str = source) -> Conversation:
-                conv = _conversation(raw, ctx, opts, source)
-                ids.check(conv.trajectory_id, ctx)
-                return conv
-
-            conv = guarded(convert, True, report)
-            if conv is not None:
-                yield conv
+def read_conversations(spec: FileSpec, options: ReadOptions, report: ReadReport) -> Iterator[Conversation]:
+    """The conversations of one file, read by its format's reader; ``--labels`` joined for the formats
+    that do not join them themselves."""
+    reader = FORMATS[spec.format].reader()
+    it = reader.read_file(spec, options, report)
+    if options.labels is not None and not getattr(reader, "JOINS_LABELS", False):
+        it = _apply_labels(it, options)
+    return it
 
 
-def _apply_labels(convs: Iterator[Conversation], iopts: InputOptions) -> Iterator[Conversation]:
-    """Join ``--labels`` onto conversations of the non-SWE formats (the key: the metadata field
-    ``labels_key`` when present, else the trajectory id); ids the file does not know are left alone."""
-    from critic_audit.io.swe import load_labels
+def _apply_labels(convs: Iterator[Conversation], opts: ReadOptions) -> Iterator[Conversation]:
+    """Join ``--labels`` onto conversations (the key: the metadata field ``labels_key`` when present,
+    else the trajectory id); ids the file does not know are left alone."""
+    from critic_audit.io.labels import load_labels
 
-    labels = load_labels(iopts.labels, iopts.labels_key)
+    labels = load_labels(opts.labels, opts.labels_key)
     for c in convs:
-        key = c.metadata.get(iopts.labels_key) if iopts.labels_key else None
+        key = c.metadata.get(opts.labels_key) if opts.labels_key else None
         label = labels.get(str(key) if key is not None else c.trajectory_id)
         if label is not None:
             c.success = label
@@ -207,99 +338,51 @@ def _apply_labels(convs: Iterator[Conversation], iopts: InputOptions) -> Iterato
         yield c
 
 
-def iter_conversations(
-    path: str | Path,
-    fmt: str,
-    options: ChatReadOptions | None = None,
-    input_options: InputOptions | None = None,
-    report: ReadReport | None = None,
-) -> Iterator[Conversation]:
-    """Yield the conversations of ``path`` read as ``fmt`` (one of :data:`CONVERSATION_FORMATS`).
+def qualify_ids(convs: list[Conversation], labels: list[str]) -> int:
+    """Qualify every trajectory id found in more than one file as ``{label}/{id}`` (``labels[i]``:
+    the file label of ``convs[i]``), keeping the file's own id in ``metadata['id_in_file']``.
+    Returns the number of ids changed."""
+    files: dict[str, set[str]] = {}
+    for c, lab in zip(convs, labels):
+        files.setdefault(c.trajectory_id, set()).add(lab)
+    n = 0
+    for c, lab in zip(convs, labels):
+        if len(files[c.trajectory_id]) > 1:
+            c.metadata.setdefault("id_in_file", c.trajectory_id)
+            c.trajectory_id = f"{lab}/{c.trajectory_id}"
+            n += 1
+    return n
 
-    Strict mode (default) raises :class:`InputError` at the first bad record; lenient mode
-    (``input_options.lenient``) skips bad records and counts them in ``report``.
+
+def iter_conversations(path: str | Path, fmt: str | None = None, options: ReadOptions | None = None,
+                       report: ReadReport | None = None) -> Iterator[Conversation]:
+    """Yield the conversations of one input (file or folder) read as ``fmt`` (None or ``auto``:
+    detected per file), ids unique across its files (:func:`qualify_ids`). Strict mode raises
+    :class:`InputError` at the first bad record; lenient mode skips and counts in ``report``.
+
+    Raises:
+        InputError: a missing path, a bad record (strict mode), or a table input.
     """
-    opts = options or ChatReadOptions()
-    iopts = input_options or InputOptions()
-    p = Path(path)
-    if fmt == "mixed":
-        return _mixed(p, opts, iopts, report)
-    if fmt == "chat":
-        from critic_audit.io.chat import iter_chat
+    import dataclasses
 
-        it = _lenient_chat(p, opts, report) if iopts.lenient else iter_chat(p, opts)
-    elif fmt == "responses":
-        from critic_audit.io.responses import iter_responses
-
-        it = iter_responses(p, opts, iopts, report)
-    elif fmt == "react":
-        from critic_audit.io.react import iter_react
-
-        it = iter_react(p, opts, iopts, report)
-    elif fmt == "swe":
-        from critic_audit.io.swe import iter_swe
-
-        return iter_swe(p, opts, iopts, report)
-    else:
-        raise InputError(f"the format {fmt!r} does not hold conversations", path=p,
-                         fix=f"use one of {list(CONVERSATION_FORMATS)}, or read it as a table input")
-    return _apply_labels(it, iopts) if iopts.labels is not None else it
+    opts = options or ReadOptions()
+    if fmt not in (None, "auto", "mixed"):
+        opts = dataclasses.replace(opts, format=fmt)
+    rep = report if report is not None else ReadReport()
+    [res] = resolve_inputs([path], opts, rep)
+    tables = [f for f in res.files if f.kind == "tables"]
+    if tables:
+        raise InputError(f"this input holds {tables[0].format} data, not conversations", path=tables[0].path,
+                         fix="pass it to analyze as a table input, or force another --format")
+    convs: list[Conversation] = []
+    labels: list[str] = []
+    for spec in res.files:
+        for c in read_conversations(spec, opts, rep):
+            convs.append(c)
+            labels.append(spec.label)
+    qualify_ids(convs, labels)
+    return iter(convs)
 
 
-def _mixed(folder: Path, opts: ChatReadOptions, iopts: InputOptions,
-           report: ReadReport | None) -> Iterator[Conversation]:
-    """A folder of files in different conversation formats, file by file (ids unique across them)."""
-    from critic_audit.io.common import IdRegistry
-
-    ids = IdRegistry()
-    files = sorted(q for q in folder.iterdir() if q.is_file() and not q.name.startswith(".")
-                   and q.name.lower().endswith((*DIR_SUFFIXES, *_TEXT_SUFFIXES)))
-    for q in files:
-        fmt = detect_format(q, opts.messages_key)
-        for c in iter_conversations(q, fmt, opts, iopts, report):
-            ids.check(c.trajectory_id, _Ctx(q, 0))
-            yield c
-
-
-def read_table_input(
-    path: str | Path,
-    fmt: str,
-    options: ChatReadOptions | None = None,
-    input_options: InputOptions | None = None,
-    report: ReadReport | None = None,
-) -> tuple[pl.DataFrame, pl.DataFrame] | None:
-    """Canonical ``(trajectories, tokens)`` of a ``tokenized`` input or a verl dump folder; None for
-    a canonical-table folder / tokens file (the workflow's own reader handles those)."""
-    from critic_audit.io.tokenized import read_tokenized
-
-    p = Path(path)
-    if fmt == "tokenized" and not (p.is_dir() and any(p.glob("step_*.tokens.parquet"))):
-        return read_tokenized(p, options, input_options, report)
-    if p.is_dir() and not (p / "tokens.parquet").exists() and any(p.glob("step_*.tokens.parquet")):
-        return read_step_pairs(p)
-    return None
-
-
-def read_step_pairs(folder: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Every ``step_*.tokens.parquet`` (with its ``step_*.trajectories.parquet``) of a verl dump folder."""
-    trajs, toks = [], []
-    for tok_path in sorted(folder.glob("step_*.tokens.parquet")):
-        traj_path = tok_path.with_name(tok_path.name.replace(".tokens.parquet", ".trajectories.parquet"))
-        try:
-            tk = read_parquet(tok_path)  # pyarrow: a corrupt page raises instead of aborting
-            tr = read_parquet(traj_path) if traj_path.exists() else None
-        except Exception as e:  # pyarrow/polars raise many types for a corrupt file
-            raise InputError(f"cannot read Parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
-                             path=tok_path, fix="re-write this step with dump_verl_batch, or delete the pair") from None
-        tk = validate(tk, "tokens", path=str(tok_path))
-        if tr is None:
-            tr = tk.group_by("trajectory_id", maintain_order=True).agg(
-                num_turns=pl.col("turn").n_unique() - pl.col("turn").is_null().any().cast(pl.UInt32))
-        tr = validate(tr, "trajectories", path=str(traj_path)).select(list(TRAJECTORY_SCHEMA))
-        trajs.append(tr)
-        toks.append(tk)
-    trajectories = pl.concat(trajs, how="vertical_relaxed")
-    tokens = pl.concat(toks, how="vertical_relaxed")
-    trajectories = validate(trajectories, "trajectories", path=str(folder))
-    tokens = validate(tokens, "tokens", path=str(folder))
-    return trajectories, tokens
+def is_table_format(fmt: str) -> bool:
+    return fmt in TABLE_FORMATS

@@ -24,19 +24,18 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from critic_audit.io.chat import MESSAGES_KEYS, ChatReadOptions, _Ctx, _pick, _short, _type_name
-from critic_audit.io.common import (
-    IdRegistry, InputOptions, ReadReport, error, files_of, guarded, iter_json_records, read_text, record_fields,
+from critic_audit.io.records import (
+    MESSAGES_KEYS, ReadOptions, ReadReport, RecordContext, convert_records, error, guarded, iter_json_records, pick,
+    read_text, record_fields, short, type_name,
 )
 from critic_audit.schema import Conversation
 
 __all__ = ["split_transcript", "iter_react", "read_react", "parse_reflexion_log", "is_react_record",
-           "looks_like_reflexion_log", "looks_like_transcript"]
+           "looks_like_reflexion_log", "looks_like_transcript", "sniff_record", "sniff_file", "read_file"]
 
 _STEP = re.compile(r"^(Thought|Action|Observation)(?:\s+\d+)?\s*:", re.IGNORECASE)
 _TRIAL = re.compile(r"^BEGIN TRIAL (\d+)\s*$")
 _SECTION = re.compile(r"^-+ BEGIN (CORRECT|INCORRECT|HALTED) AGENTS -+\s*$")
-_SUFFIXES = (".json", ".jsonl", ".ndjson")
 _TEXT_SUFFIXES = (".txt", ".log")
 
 
@@ -49,8 +48,18 @@ def looks_like_transcript(text: Any) -> bool:
 def is_react_record(rec: Any, messages_key: str | None = None) -> bool:
     if not isinstance(rec, Mapping):
         return False
-    key = _pick(rec, messages_key, MESSAGES_KEYS)
+    key = pick(rec, messages_key, MESSAGES_KEYS)
     return key is not None and looks_like_transcript(rec[key])
+
+
+def sniff_record(rec: Any, options: ReadOptions) -> bool:
+    return is_react_record(rec, options.messages_key)
+
+
+def sniff_file(path: Path, head: str, options: ReadOptions) -> bool:
+    """A Reflexion ReAct log (``BEGIN TRIAL k`` and ``Question:`` in its head, not a JSON file); other
+    ``.txt`` / ``.log`` files are not rollouts."""
+    return not path.name.lower().endswith((".json", ".jsonl", ".ndjson")) and looks_like_reflexion_log(head)
 
 
 def looks_like_reflexion_log(head: str) -> bool:
@@ -86,20 +95,19 @@ def split_transcript(text: str) -> tuple[str, list[dict[str, Any]]]:
     return "\n".join(pre).strip(), msgs
 
 
-def _transcript_conversation(raw: Any, ctx: _Ctx, opts: ChatReadOptions, iopts: InputOptions,
-                             source: str) -> Conversation:
+def _transcript_conversation(raw: Any, ctx: RecordContext, opts: ReadOptions, source: str) -> Conversation:
     if not isinstance(raw, Mapping):
-        raise error(ctx, "not_an_object", f"record is {_type_name(raw)} {_short(raw)}, not an object",
+        raise error(ctx, "not_an_object", f"record is {type_name(raw)} {short(raw)}, not an object",
                     'write each record as {"traj": "<ReAct transcript>", "reward": ...}')
-    f = record_fields(raw, ctx, opts, iopts)
-    key = _pick(raw, opts.messages_key, MESSAGES_KEYS)
+    f = record_fields(raw, ctx, opts)
+    key = pick(raw, opts.messages_key, MESSAGES_KEYS)
     if key is None:
         wanted = repr(opts.messages_key) if opts.messages_key else f"any of {list(MESSAGES_KEYS)}"
         raise error(ctx, "no_transcript", f"no transcript field {wanted}",
                     "name the transcript field with --messages-key")
     text = raw[key]
     if not isinstance(text, str):
-        raise error(ctx, "no_transcript", f"transcript field {key!r} is {_type_name(text)} {_short(text, 40)}, "
+        raise error(ctx, "no_transcript", f"transcript field {key!r} is {type_name(text)} {short(text, 40)}, "
                     "not a string", "use --format chat for message lists, or name the field with --messages-key")
     if not looks_like_transcript(text):
         raise error(ctx, "no_steps", f"transcript field {key!r} holds no 'Thought:' / 'Action:' line",
@@ -111,7 +119,7 @@ def _transcript_conversation(raw: Any, ctx: _Ctx, opts: ChatReadOptions, iopts: 
     meta = {str(k): v for k, v in raw.items() if k not in f.used and k not in skip}
     return Conversation(trajectory_id=f.trajectory_id, messages=msgs, reward=f.reward, success=f.success,
                         group_id=f.group_id, checkpoint=f.checkpoint, source=source, metadata=meta,
-                        record=f"{ctx.path.name}: record {ctx.label(with_id=False)}")
+                        record=ctx.record)
 
 
 # --------------------------------------------------------------------------------------------- reflexion
@@ -171,19 +179,18 @@ def parse_reflexion_log(text: str) -> list[dict[str, Any]]:
     return entries
 
 
-def _reflexion_conversations(file: Path, opts: ChatReadOptions, iopts: InputOptions,
-                             report: ReadReport | None) -> Iterator[Conversation]:
+def _reflexion_conversations(spec: Any, opts: ReadOptions, report: ReadReport) -> Iterator[Conversation]:
+    file, source = spec.path, spec.source
     text = read_text(file)
     entries = parse_reflexion_log(text)
-    source = opts.source if opts.source is not None else file.stem
     seen: dict[tuple[Any, str], Conversation] = {}
     if not entries:
-        raise error(_Ctx(file, 0), "no_entries", "no 'Question:' entry under a 'BEGIN ... AGENTS' section",
+        raise error(RecordContext(file, 0), "no_entries", "no 'Question:' entry under a 'BEGIN ... AGENTS' section",
                     "point at a Reflexion ReAct log, or pick another --format")
     for i, e in enumerate(entries):
-        ctx = _Ctx(file, i, line=e["line"])
+        ctx = RecordContext(file, i, line=e["line"], file_label=spec.label)
 
-        def convert(e: dict[str, Any] = e, ctx: _Ctx = ctx, i: int = i) -> Conversation | None:
+        def convert(e: dict[str, Any] = e, ctx: RecordContext = ctx, i: int = i) -> Conversation | None:
             key = (e["trial"], e["text"])
             prev = seen.get(key)
             if prev is not None:  # the same run listed again (INCORRECT and HALTED): keep the first
@@ -200,7 +207,7 @@ def _reflexion_conversations(file: Path, opts: ChatReadOptions, iopts: InputOpti
             ok = e["section"] == "CORRECT"
             qid = hashlib.sha1(e["question"].encode()).hexdigest()[:12]
             conv = Conversation(
-                trajectory_id=f"{file.stem}:trial{e['trial']}:{i}", messages=msgs, reward=1.0 if ok else 0.0,
+                trajectory_id=f"{spec.label}:trial{e['trial']}:{i}", messages=msgs, reward=1.0 if ok else 0.0,
                 success=ok, group_id=f"q{qid}", checkpoint=opts.checkpoint, source=source,
                 metadata={"trial": e["trial"], "section": e["section"], "question": e["question"],
                           "correct_answer": e["correct_answer"]},
@@ -208,30 +215,14 @@ def _reflexion_conversations(file: Path, opts: ChatReadOptions, iopts: InputOpti
             seen[key] = conv
             return conv
 
-        conv = guarded(convert, iopts.lenient, report)
+        conv = guarded(convert, opts.lenient, report)
         if conv is not None:
             yield conv
 
 
-def _file_is_log(file: Path) -> bool:
-    if file.name.lower().endswith(_SUFFIXES):
-        return False
-    try:
-        with file.open("r", encoding="utf-8-sig", errors="replace") as fh:
-            head = fh.read(20000)
-    except OSError:
-        return False
-    return looks_like_reflexion_log(head)
-
-
-def iter_react(
-    path: str | Path,
-    options: ChatReadOptions | None = None,
-    input_options: InputOptions | None = None,
-    report: ReadReport | None = None,
-) -> Iterator[Conversation]:
-    """Yield the conversations of a ReAct transcript file (JSON / JSONL records with a transcript
-    string, or a Reflexion log ``.txt``) or a directory of them.
+def read_file(spec: Any, options: ReadOptions, report: ReadReport) -> Iterator[Conversation]:
+    """The conversations of one ReAct file: JSON / JSONL records with a transcript string, or a
+    Reflexion log (``.txt`` / ``.log``, or any file whose head looks like one).
 
     Reflexion logs: success is the section (CORRECT -> True; INCORRECT, HALTED -> False), reward 1/0;
     an entry listed twice in one trial (INCORRECT and HALTED) is read once (metadata
@@ -240,30 +231,34 @@ def iter_react(
     Raises:
         InputError: a bad record (strict mode), or a file that cannot be read at all.
     """
-    opts = options or ChatReadOptions()
-    iopts = input_options or InputOptions()
-    ids = IdRegistry()
-    root = Path(path)
-    files = files_of(root, _SUFFIXES + _TEXT_SUFFIXES, "ReAct transcript")
-    for file in files:
-        if file.name.lower().endswith(_TEXT_SUFFIXES) or _file_is_log(file):
-            for conv in _reflexion_conversations(file, opts, iopts, report):
-                yield conv
-            continue
-        source = opts.source if opts.source is not None else file.stem
-        for raw, ctx in iter_json_records(file, lambda r: is_react_record(r, opts.messages_key), "ReAct",
-                                          iopts.lenient, report):
-            def convert(raw: Any = raw, ctx: _Ctx = ctx) -> Conversation:
-                conv = _transcript_conversation(raw, ctx, opts, iopts, source)
-                ids.check(conv.trajectory_id, ctx)
-                return conv
-
-            conv = guarded(convert, iopts.lenient, report)
-            if conv is not None:
-                yield conv
+    file = spec.path
+    if file.name.lower().endswith(_TEXT_SUFFIXES) or (
+            not file.name.lower().endswith((".json", ".jsonl", ".ndjson")) and looks_like_reflexion_log(_head(file))):
+        yield from _reflexion_conversations(spec, options, report)
+        return
+    records = iter_json_records(file, lambda r: is_react_record(r, options.messages_key), "ReAct", options.lenient,
+                                report, spec.label)
+    yield from convert_records(records, lambda raw, ctx: _transcript_conversation(raw, ctx, options, spec.source),
+                               options.lenient, report)
 
 
-def read_react(path: str | Path, options: ChatReadOptions | None = None,
-               input_options: InputOptions | None = None, report: ReadReport | None = None) -> list[Conversation]:
-    """Read every conversation of a ReAct transcript file or directory (see :func:`iter_react`)."""
-    return list(iter_react(path, options, input_options, report))
+def _head(file: Path) -> str:
+    try:
+        with file.open("r", encoding="utf-8-sig", errors="replace") as fh:
+            return fh.read(20000)
+    except OSError:
+        return ""
+
+
+def iter_react(path: str | Path, options: ReadOptions | None = None,
+               report: ReadReport | None = None) -> Iterator[Conversation]:
+    """Yield the conversations of a ReAct transcript file or folder (see :func:`read_file`)."""
+    from critic_audit.io.detect import iter_conversations
+
+    return iter_conversations(path, "react", options, report)
+
+
+def read_react(path: str | Path, options: ReadOptions | None = None,
+               report: ReadReport | None = None) -> list[Conversation]:
+    """Read every conversation of a ReAct transcript file or folder (see :func:`iter_react`)."""
+    return list(iter_react(path, options, report))

@@ -31,15 +31,15 @@ import numpy as np
 import polars as pl
 
 from critic_audit.errors import InputError
-from critic_audit.io.chat import ChatReadOptions, _Ctx, _short, _type_name
-from critic_audit.io.common import (
-    IdRegistry, InputOptions, ReadReport, error, files_of, guarded, iter_json_records, record_fields,
+from critic_audit.io.records import (
+    REWARD_KEYS, ReadOptions, ReadReport, RecordContext, convert_records, error, iter_json_records,
+    record_fields, short, type_name,
 )
 from critic_audit.schema import TOKEN_SCHEMA, TRAJECTORY_SCHEMA, lone_surrogate, surrogate_error, validate
 
-__all__ = ["read_tokenized", "is_tokenized_record", "tokenized_columns", "sequences_to_tables", "TokenSequence"]
+__all__ = ["read_tokenized", "iter_tokenized", "is_tokenized_record", "tokenized_columns", "sequences_to_tables",
+           "TokenSequence", "steps_to_sequence", "sniff_record", "sniff_file", "read_file"]
 
-_SUFFIXES = (".parquet", ".json", ".jsonl", ".ndjson")
 TOK_ID_KEYS = ("trajectory_id", "id", "traj_id")
 TOK_GROUP_KEYS = ("group_id", "uid", "prompt_id", "task_id", "question_id", "instance_id", "example_id")
 #: Fields holding token data (not repeated in the metadata).
@@ -61,6 +61,20 @@ def is_tokenized_record(rec: Any) -> bool:
         st = traj[0].get("tokens") if isinstance(traj[0].get("tokens"), Mapping) else traj[0]
         return "prompt_ids" in st and "completion_ids" in st
     return False
+
+
+def sniff_record(rec: Any, options: ReadOptions) -> bool:
+    return is_tokenized_record(rec)
+
+
+def sniff_file(path: Path, head: str, options: ReadOptions) -> bool:
+    """A Parquet file whose columns are tokenized rows."""
+    if not path.name.lower().endswith(".parquet"):
+        return False
+    try:
+        return tokenized_columns(list(pl.read_parquet_schema(path)))
+    except Exception:  # corrupt: the canonical-table reader reports it
+        return False
 
 
 def tokenized_columns(columns: list[str]) -> bool:
@@ -85,11 +99,11 @@ class TokenSequence:
     metadata: dict[str, Any]
 
 
-def _int_list(v: Any, name: str, ctx: _Ctx, *, mask: bool = False) -> np.ndarray:
+def _int_list(v: Any, name: str, ctx: RecordContext, *, mask: bool = False) -> np.ndarray:
     if hasattr(v, "tolist") and not isinstance(v, (list, str)):
         v = v.tolist()
     if not isinstance(v, list):
-        raise error(ctx, "bad_tokens", f"{name} is {_type_name(v)} {_short(v, 40)}, not a list",
+        raise error(ctx, "bad_tokens", f"{name} is {type_name(v)} {short(v, 40)}, not a list",
                     f"write {name} as a list of integers")
     lo, hi = (0, 1) if mask else (0, 2**31 - 1)
     try:
@@ -105,16 +119,16 @@ def _int_list(v: Any, name: str, ctx: _Ctx, *, mask: bool = False) -> np.ndarray
             or (isinstance(x, float) and x.is_integer())
         if not ok or not (lo <= x <= hi):
             want = "0/1" if mask else "a token id (0 <= id < 2^31)"
-            raise error(ctx, "bad_tokens", f"{name}[{i}] = {_short(x, 30)} is not {want}",
+            raise error(ctx, "bad_tokens", f"{name}[{i}] = {short(x, 30)} is not {want}",
                         f"write {name} as a list of {'0/1 values' if mask else 'non-negative integer ids'}")
     return np.asarray([int(x) for x in v], dtype=np.int64)
 
 
-def _float_list(v: Any, name: str, ctx: _Ctx) -> np.ndarray:
+def _float_list(v: Any, name: str, ctx: RecordContext) -> np.ndarray:
     if hasattr(v, "tolist") and not isinstance(v, (list, str)):
         v = v.tolist()
     if not isinstance(v, list):
-        raise error(ctx, "bad_values", f"{name} is {_type_name(v)} {_short(v, 40)}, not a list",
+        raise error(ctx, "bad_values", f"{name} is {type_name(v)} {short(v, 40)}, not a list",
                     f"write {name} as a list of numbers")
     out = np.empty(len(v), dtype=np.float64)
     for i, x in enumerate(v):
@@ -123,12 +137,12 @@ def _float_list(v: Any, name: str, ctx: _Ctx) -> np.ndarray:
         elif isinstance(x, (int, float)) and not isinstance(x, bool) and not (isinstance(x, float) and not math.isfinite(x)):
             out[i] = float(x)
         else:
-            raise error(ctx, "bad_values", f"{name}[{i}] = {_short(x, 30)} is not a finite number",
+            raise error(ctx, "bad_values", f"{name}[{i}] = {short(x, 30)} is not a finite number",
                         f"write {name} as a list of finite numbers (null where unknown)")
     return out
 
 
-def _same_len(arr: np.ndarray, n: int, name: str, ctx: _Ctx) -> None:
+def _same_len(arr: np.ndarray, n: int, name: str, ctx: RecordContext) -> None:
     if len(arr) != n:
         raise error(ctx, "length_mismatch", f"{name} has {len(arr)} entries, input_ids {n}",
                     f"give {name} one entry per token of input_ids")
@@ -136,7 +150,7 @@ def _same_len(arr: np.ndarray, n: int, name: str, ctx: _Ctx) -> None:
 
 def _reward_value(rec: Mapping[str, Any]) -> Mapping[str, Any]:
     """Replace a per-token reward list by its sum (so the chat reward parser reads it)."""
-    for k in ("reward", "score", "return", "outcome_reward"):
+    for k in REWARD_KEYS:
         v = rec.get(k)
         if hasattr(v, "tolist") and not isinstance(v, (list, str)):
             v = v.tolist()
@@ -145,7 +159,7 @@ def _reward_value(rec: Mapping[str, Any]) -> Mapping[str, Any]:
     return rec
 
 
-def _fields(rec: Mapping[str, Any], ctx: _Ctx, opts: ChatReadOptions, iopts: InputOptions):
+def _fields(rec: Mapping[str, Any], ctx: RecordContext, opts: ReadOptions):
     """Id, reward, success, group, checkpoint of a row; ids from :data:`TOK_ID_KEYS` and groups from
     :data:`TOK_GROUP_KEYS` (``uid`` is verl's group uid, shared by the rollouts of one prompt)."""
     rec = _reward_value(rec)
@@ -153,7 +167,7 @@ def _fields(rec: Mapping[str, Any], ctx: _Ctx, opts: ChatReadOptions, iopts: Inp
     group_key = opts.group_key or next((k for k in TOK_GROUP_KEYS if k in rec), None)
     none = "\x00none"  # a field name no record has: "no such field"
     o = dataclasses.replace(opts, id_key=id_key or none, group_key=group_key or none)
-    return rec, record_fields(rec, ctx, o, iopts)
+    return rec, record_fields(rec, ctx, o)
 
 
 def _metadata(rec: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
@@ -167,9 +181,8 @@ def _metadata(rec: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
     return out
 
 
-def _sequence_row(rec: Mapping[str, Any], ctx: _Ctx, opts: ChatReadOptions, iopts: InputOptions,
-                  source: str) -> TokenSequence:
-    rec, f = _fields(rec, ctx, opts, iopts)
+def _sequence_row(rec: Mapping[str, Any], ctx: RecordContext, opts: ReadOptions, source: str) -> TokenSequence:
+    rec, f = _fields(rec, ctx, opts)
     ids = _int_list(rec.get("input_ids"), "input_ids", ctx)
     n = len(ids)
     mask = _int_list(rec.get("response_mask"), "response_mask", ctx, mask=True)
@@ -195,12 +208,12 @@ def _sequence_row(rec: Mapping[str, Any], ctx: _Ctx, opts: ChatReadOptions, iopt
                          f.group_id, f.checkpoint, source, _metadata(rec, f.used))
 
 
-def _steps_to_sequence(steps: list[Any], ctx: _Ctx) -> tuple[np.ndarray, np.ndarray]:
+def steps_to_sequence(steps: list[Any], ctx: RecordContext) -> tuple[np.ndarray, np.ndarray]:
     seq: list[int] = []
     mask: list[int] = []
     for k, st in enumerate(steps):
         if not isinstance(st, Mapping):
-            raise error(ctx, "bad_step", f"step {k} is {_type_name(st)}, not an object",
+            raise error(ctx, "bad_step", f"step {k} is {type_name(st)}, not an object",
                         "write each step as {prompt_ids, completion_ids, completion_mask}")
         tok = st.get("tokens") if isinstance(st.get("tokens"), Mapping) else st
         p = _int_list(tok.get("prompt_ids"), f"step {k} prompt_ids", ctx).tolist()
@@ -219,17 +232,18 @@ def _steps_to_sequence(steps: list[Any], ctx: _Ctx) -> tuple[np.ndarray, np.ndar
     return np.asarray(seq, dtype=np.int64), np.asarray(mask, dtype=bool)
 
 
-def _steps_row(rec: Mapping[str, Any], steps: list[Any], ctx: _Ctx, opts: ChatReadOptions, iopts: InputOptions,
+def _steps_row(rec: Mapping[str, Any], steps: list[Any], ctx: RecordContext, opts: ReadOptions,
                source: str) -> TokenSequence:
-    rec, f = _fields(rec, ctx, opts, iopts)
-    ids, mask = _steps_to_sequence(steps, ctx)
+    rec, f = _fields(rec, ctx, opts)
+    ids, mask = steps_to_sequence(steps, ctx)
     meta = _metadata(rec, f.used)
     meta["n_steps"] = len(steps)
     return TokenSequence(f.trajectory_id, ids, mask, None, f.reward, f.success, f.group_id, f.checkpoint,
                          source, meta)
 
 
-def _iter_rows(file: Path, iopts: InputOptions, report: ReadReport | None) -> Iterator[tuple[Any, _Ctx]]:
+def _iter_rows(file: Path, opts: ReadOptions, report: ReadReport | None,
+               label: str) -> Iterator[tuple[Any, RecordContext]]:
     if file.suffix.lower() == ".parquet":
         import pyarrow.parquet as pq
 
@@ -240,31 +254,32 @@ def _iter_rows(file: Path, iopts: InputOptions, report: ReadReport | None) -> It
                              path=file, fix="pass a Parquet file of tokenized rows") from None
         index = 0
         for rg in range(pf.num_row_groups):
-            rows = _row_group_rows(pf, rg, file, index, iopts, report)
-            for row in rows:
+            for row in _row_group_rows(pf, rg, file, index, opts, report, label):
                 if row is not None:
-                    yield row, _Ctx(file, index)
+                    yield row, RecordContext(file, index, file_label=label)
                 index += 1
         return
-    yield from iter_json_records(file, is_tokenized_record, "tokenized", iopts.lenient, report)
+    yield from iter_json_records(file, is_tokenized_record, "tokenized", opts.lenient, report, label)
 
 
-def _row_group_rows(pf: Any, rg: int, file: Path, first: int, iopts: InputOptions,
-                    report: ReadReport | None) -> list[Any]:
-    """The rows of row group ``rg`` (None for a row that cannot be decoded, skipped in lenient mode). A
-    corrupt data page loses the whole row group; invalid UTF-8 only its rows."""
+def _row_group_rows(pf: Any, rg: int, file: Path, first: int, opts: ReadOptions,
+                    report: ReadReport | None, label: str) -> list[Any]:
+    """The rows of row group ``rg`` (None for a row that cannot be decoded or read, skipped in lenient
+    mode). A corrupt data page loses the whole row group; invalid UTF-8 only its rows."""
     n = pf.metadata.row_group(rg).num_rows
+    rep = report if report is not None else ReadReport()
     try:
         table = pf.read_row_group(rg)
     except Exception as e:  # noqa: BLE001 - pyarrow raises OSError, ArrowInvalid, ... for a corrupt page
-        err = error(_Ctx(file, first), "bad_parquet", f"cannot read Parquet row group {rg} (rows {first}-{first + n - 1}: "
+        err = error(RecordContext(file, first, file_label=label), "bad_parquet",
+                    f"cannot read Parquet row group {rg} (rows {first}-{first + n - 1}: "
                     f"{(str(e).strip().splitlines() or [type(e).__name__])[0]})",
                     "re-write the file, or pass --lenient to skip the unreadable row group")
-        if not iopts.lenient:
+        if not opts.lenient:
             raise err from None
         for _ in range(n):
-            (report if report is not None else ReadReport()).skip(err)
-        return []
+            rep.skip(err)
+        return [None] * n
     try:
         return table.to_pylist()
     except UnicodeDecodeError:  # invalid UTF-8 in a string column: find the rows
@@ -274,18 +289,19 @@ def _row_group_rows(pf: Any, rg: int, file: Path, first: int, iopts: InputOption
         try:
             out.append(table.slice(i, 1).to_pylist()[0])
         except UnicodeDecodeError as e:
-            err = error(_Ctx(file, first + i), "bad_parquet", f"invalid UTF-8 in a string column ({e.reason} at "
-                        f"byte {e.start})", "re-write the strings as UTF-8, or pass --lenient to skip the row")
-            if not iopts.lenient:
+            err = error(RecordContext(file, first + i, file_label=label), "bad_parquet",
+                        f"invalid UTF-8 in a string column ({e.reason} at byte {e.start})",
+                        "re-write the strings as UTF-8, or pass --lenient to skip the row")
+            if not opts.lenient:
                 raise err from None
-            (report if report is not None else ReadReport()).skip(err)
+            rep.skip(err)
             out.append(None)
     return out
 
 
-def _group_steps(rows: Iterator[tuple[Any, _Ctx]], opts: ChatReadOptions) -> Iterator[tuple[Any, _Ctx, list | None]]:
+def _group_steps(rows: Iterator[tuple[Any, RecordContext]], opts: ReadOptions) -> Iterator[tuple[Any, RecordContext, list | None]]:
     """Merge consecutive step rows of one rollout: yields ``(record, ctx, steps or None)``."""
-    pend: tuple[Any, _Ctx, list, Any] | None = None
+    pend: tuple[Any, RecordContext, list, Any] | None = None
     for rec, ctx in rows:
         is_step = isinstance(rec, Mapping) and "prompt_ids" in rec and "completion_ids" in rec \
             and "input_ids" not in rec
@@ -311,40 +327,48 @@ def _group_steps(rows: Iterator[tuple[Any, _Ctx]], opts: ChatReadOptions) -> Ite
         yield pend[0], pend[1], pend[2]
 
 
-def iter_tokenized(
-    path: str | Path,
-    options: ChatReadOptions | None = None,
-    input_options: InputOptions | None = None,
-    report: ReadReport | None = None,
-) -> Iterator[TokenSequence]:
-    """Yield the tokenized rollouts of a file or directory (``*.parquet``, ``*.json``, ``*.jsonl``)."""
-    opts = options or ChatReadOptions()
-    iopts = input_options or InputOptions()
-    ids = IdRegistry()
-    for file in files_of(Path(path), _SUFFIXES, "tokenized"):
-        source = opts.source if opts.source is not None else file.stem
-        for rec, ctx, steps in _group_steps(_iter_rows(file, iopts, report), opts):
-            def convert(rec: Any = rec, ctx: _Ctx = ctx, steps: list | None = steps) -> TokenSequence:
-                if not isinstance(rec, Mapping):
-                    raise error(ctx, "not_an_object", f"row is {_type_name(rec)} {_short(rec)}, not an object",
-                                'write rows as {"input_ids": [...], "response_mask": [...], "reward": ...}')
-                bad = lone_surrogate(rec)
-                if bad is not None:
-                    raise surrogate_error(bad, path=ctx.path, record=ctx.label())
-                if steps is not None:
-                    seq = _steps_row(rec, steps, ctx, opts, iopts, source)
-                elif "input_ids" in rec or "response_mask" in rec:
-                    seq = _sequence_row(rec, ctx, opts, iopts, source)
-                else:
-                    raise error(ctx, "no_tokens", f"row has neither input_ids + response_mask nor prompt_ids + "
-                                f"completion_ids; keys {sorted(map(str, rec))[:10]}",
-                                "write tokenized rows (see docs/input_formats.md), or pick another --format")
-                ids.check(seq.trajectory_id, ctx)
-                return seq
+def iter_sequences(spec: Any, options: ReadOptions, report: ReadReport) -> Iterator[TokenSequence]:
+    """The tokenized rollouts of one file (``*.parquet`` row group by row group, JSON, JSONL)."""
+    def convert(item: tuple[Any, list | None], ctx: RecordContext) -> TokenSequence:
+        rec, steps = item
+        if not isinstance(rec, Mapping):
+            raise error(ctx, "not_an_object", f"row is {type_name(rec)} {short(rec)}, not an object",
+                        'write rows as {"input_ids": [...], "response_mask": [...], "reward": ...}')
+        bad = lone_surrogate(rec)
+        if bad is not None:
+            raise surrogate_error(bad, path=ctx.path, record=ctx.label())
+        if steps is not None:
+            return _steps_row(rec, steps, ctx, options, spec.source)
+        if "input_ids" in rec or "response_mask" in rec:
+            return _sequence_row(rec, ctx, options, spec.source)
+        raise error(ctx, "no_tokens", f"row has neither input_ids + response_mask nor prompt_ids + "
+                    f"completion_ids; keys {sorted(map(str, rec))[:10]}",
+                    "write tokenized rows (see docs/input_formats.md), or pick another --format")
 
-            seq = guarded(convert, iopts.lenient, report)
-            if seq is not None:
-                yield seq
+    grouped = _group_steps(_iter_rows(spec.path, options, report, spec.label), options)
+    rows = (((rec, steps), ctx) for rec, ctx, steps in grouped)
+    return convert_records(rows, convert, options.lenient, report)
+
+
+def read_file(spec: Any, options: ReadOptions,
+              report: ReadReport) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
+    """The canonical ``(trajectories, tokens, {})`` tables of one tokenized file."""
+    return (*sequences_to_tables(list(iter_sequences(spec, options, report))), {})
+
+
+def iter_tokenized(path: str | Path, options: ReadOptions | None = None,
+                   report: ReadReport | None = None) -> Iterator[TokenSequence]:
+    """Yield the tokenized rollouts of a file or folder (``*.parquet``, ``*.json``, ``*.jsonl``)."""
+    import dataclasses
+
+    from critic_audit.io.detect import resolve_inputs
+
+    opts = dataclasses.replace(options or ReadOptions(), format="tokenized")
+    rep = report if report is not None else ReadReport()
+    for res in resolve_inputs([path], opts, rep):
+        for spec in res.files:
+            if spec.format == "tokenized":
+                yield from iter_sequences(spec, opts, rep)
 
 
 def sequences_to_tables(seqs: list[TokenSequence]) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -391,15 +415,11 @@ def sequences_to_tables(seqs: list[TokenSequence]) -> tuple[pl.DataFrame, pl.Dat
     return trajs, validate(tokens.select(list(TOKEN_SCHEMA)), "tokens")
 
 
-def read_tokenized(
-    path: str | Path,
-    options: ChatReadOptions | None = None,
-    input_options: InputOptions | None = None,
-    report: ReadReport | None = None,
-) -> tuple[pl.DataFrame, pl.DataFrame]:
+def read_tokenized(path: str | Path, options: ReadOptions | None = None,
+                   report: ReadReport | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Read tokenized rollouts into the canonical ``(trajectories, tokens)`` tables.
 
     Raises:
         InputError: a bad row (strict mode), or a file that cannot be read.
     """
-    return sequences_to_tables(list(iter_tokenized(path, options, input_options, report)))
+    return sequences_to_tables(list(iter_tokenized(path, options, report)))

@@ -20,7 +20,7 @@ length ``R``):
 * ``token_level_rewards`` or ``token_level_scores`` [B, R] (optional): the row's reward is their sum;
 * ``uid`` (non-tensor, optional): verl's prompt uid -> ``group_id``.
 
-Success follows the automatic rule of :func:`critic_audit.io.common.success_of` (a reward in [0, 1]:
+Success follows the automatic rule of :func:`critic_audit.io.records.success_of` (a reward in [0, 1]:
 ``>= 0.5``; outside: ``> 0``).
 
 Written: ``DIR/step_{step:08d}.trajectories.parquet`` and ``DIR/step_{step:08d}.tokens.parquet``
@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from critic_audit.io.common import success_of, write_parquet_atomic
+from critic_audit.io.records import success_of
+from critic_audit.io.tables import write_tables
 from critic_audit.io.tokenized import TokenSequence, sequences_to_tables
 
 __all__ = ["dump_verl_batch", "step_files"]
@@ -129,9 +130,4 @@ def dump_verl_batch(batch_or_dict: Any, out_dir: str | Path, *, step: int, sourc
             reward=reward, success=None if reward is None else success_of(reward, None), group_id=uids[i] if uids else None,
             checkpoint=str(step), source=source, metadata={"row": i}))
     trajs, tokens = sequences_to_tables(seqs)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    traj_path, tok_path = step_files(out, step)
-    for df, path in ((trajs, traj_path), (tokens, tok_path)):  # tokens last: a reader sees complete pairs
-        write_parquet_atomic(df, path)
-    return traj_path, tok_path
+    return write_tables(out_dir, trajs, tokens, prefix=f"step_{step:08d}.")  # tokens last: complete pairs

@@ -1,0 +1,101 @@
+"""The format registry: every input format, its sniff rule, its file suffixes and its reader.
+
+Detection (:func:`critic_audit.io.detect.detect_file`), dispatch (:func:`critic_audit.io.detect.read_file`),
+the CLI's ``--format`` choices and its help text all derive from :data:`FORMATS`; adding a reader is
+one :func:`register` call here plus its module. Light on purpose (no reader is imported until used),
+so that the CLI can build its help without loading polars.
+
+A reader module provides:
+
+* ``sniff_record(record, options) -> bool``: the first record of a JSON / JSONL file is this format's;
+* optionally ``sniff_file(path, head, options) -> bool``: the file is this format's from its name or its
+  first 20,000 characters (``head``; "" for a binary file), without parsing it;
+* ``read_file(spec, options, report)``: conversation formats yield
+  :class:`critic_audit.schema.Conversation` records of the file ``spec.path``; table formats return
+  ``(trajectories, tokens)`` canonical tables of the input ``spec.path`` (file or folder);
+* optionally ``collection_of(path) -> str``: the collection (``source``) of a file of a format that
+  holds one rollout per file (SWE-agent runs, Harbor jobs), else the file-name rule applies;
+* optionally ``file_kind(path, options) -> str``: ``tables`` or ``conversations`` for one file, when a
+  format can be either (ATIF files with token ids are read as tokens).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+__all__ = ["Format", "FORMATS", "FORMAT_CHOICES", "register", "format_help", "get_format"]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One input format.
+
+    Attributes:
+        name: the ``--format`` name.
+        kind: ``conversations`` (messages, tokenized with the critic's chat template) or ``tables``
+            (token ids already: canonical tables).
+        summary: one line for the ``--format`` help and ``docs/input_formats.md``.
+        suffixes: file name endings this format reads (lower case); a folder search reads only these.
+        module: the reader module (see the module docstring for what it defines).
+        selectable: offered as a ``--format`` choice (False: detected only).
+    """
+
+    name: str
+    kind: str
+    summary: str
+    suffixes: tuple[str, ...]
+    module: str
+    selectable: bool = True
+
+    def reader(self) -> ModuleType:
+        """The reader module (imported on first use)."""
+        return importlib.import_module(self.module)
+
+
+#: Every format, in detection order (the first whose sniff rule accepts a file reads it).
+FORMATS: dict[str, Format] = {}
+
+
+def register(fmt: Format) -> Format:
+    """Add ``fmt`` to :data:`FORMATS` (a name may be registered once)."""
+    if fmt.name in FORMATS or fmt.name in ("auto", "mixed"):
+        raise ValueError(f"input format {fmt.name!r} is registered already")
+    if fmt.kind not in ("conversations", "tables"):
+        raise ValueError(f"format kind must be conversations or tables, got {fmt.kind!r}")
+    FORMATS[fmt.name] = fmt
+    return fmt
+
+
+_JSON = (".json", ".jsonl", ".ndjson")
+
+register(Format("tables", "tables", "canonical tables: a folder with tokens.parquet (+ trajectories.parquet), a "
+                "tokens Parquet file, or a verl dump folder (step_*.tokens.parquet)", (".parquet",),
+                "critic_audit.io.tables", selectable=False))
+register(Format("tokenized", "tables", "token-id rows (verl-style input_ids + response_mask, verifiers "
+                "prompt_ids + completion_ids steps)", (".parquet", *_JSON), "critic_audit.io.tokenized"))
+register(Format("atif", "conversations", "ATIF trajectories (Harbor RFC 0001, v1.0-1.8; exact tokens when "
+                "steps carry token ids)", (".json",), "critic_audit.io.atif"))
+register(Format("swe", "conversations", "SWE-agent / mini-swe-agent trajectories (*.traj, *.traj.json)",
+                (".traj", ".traj.json", ".json"), "critic_audit.io.swe"))
+register(Format("responses", "conversations", "OpenAI Responses records, NeMo Gym rollouts", _JSON,
+                "critic_audit.io.responses"))
+register(Format("react", "conversations", "ReAct transcripts (a string field, Reflexion .txt / .log logs)",
+                (*_JSON, ".txt", ".log"), "critic_audit.io.react"))
+register(Format("chat", "conversations", "OpenAI chat-completions records (messages lists)", _JSON,
+                "critic_audit.io.chat"))
+
+#: ``--format`` values: ``auto`` (detect per file) and every selectable format.
+FORMAT_CHOICES = ("auto", *(f.name for f in FORMATS.values() if f.selectable))
+
+
+def get_format(name: str) -> Format:
+    """The registered format ``name`` (KeyError for an unknown one)."""
+    return FORMATS[name]
+
+
+def format_help() -> str:
+    """The ``--format`` help text: every choice with its one-line summary."""
+    parts = [f"{f.name} ({f.summary})" for f in FORMATS.values() if f.selectable]
+    return "Input format: auto (detected per file; folders searched recursively), " + "; ".join(parts) + "."

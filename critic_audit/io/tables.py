@@ -1,0 +1,127 @@
+"""The one reader and writer of canonical tables (``docs/tables.md``): a folder with ``tokens.parquet``
+(and ``trajectories.parquet``), a tokens Parquet file, or a verl dump folder
+(``step_*.tokens.parquet`` with ``step_*.trajectories.parquet``).
+
+Every table read is checked by :func:`critic_audit.schema.validate` (columns, dtypes, keys and the
+row rules of :data:`critic_audit.schema.TOKEN_ROW_RULES`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from critic_audit.errors import InputError, SchemaError
+from critic_audit.io.records import ReadOptions, ReadReport
+from critic_audit.io.tokenized import tokenized_columns
+from critic_audit.schema import TRAJECTORY_SCHEMA, read_parquet, validate
+
+__all__ = ["read_tables", "write_tables", "canonical_trajectories", "read_file", "sniff_file", "PRE_SCORING_EXCLUSIONS"]
+
+#: Exclusions decided before scoring (carried over when an audit's tables are read back); the values of
+#: :data:`critic_audit.turns.EXCLUDE_NO_ASSISTANT` and its siblings.
+PRE_SCORING_EXCLUSIONS = ("no_assistant_turn", "overlong_dropped", "overlong_no_complete_turn",
+                          "starts_with_assistant")
+
+
+def sniff_file(path: Path, head: str, options: ReadOptions) -> bool:
+    """A Parquet file that is not tokenized rows (a tokens table, or a corrupt file to report)."""
+    if not path.name.lower().endswith(".parquet"):
+        return False
+    try:
+        return not tokenized_columns(list(pl.read_parquet_schema(path)))
+    except Exception:  # corrupt: the reader reports it
+        return True
+
+
+def _parquet(path: Path, fix: str) -> pl.DataFrame:
+    try:
+        return read_parquet(path)  # pyarrow: a corrupt page raises instead of aborting
+    except Exception as e:  # pyarrow/polars raise many types for a corrupt file
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"cannot read Parquet ({msg})", path=path, fix=fix) from None
+
+
+def _pair(tok_path: Path, traj_path: Path, fix: str) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
+    tokens = validate(_parquet(tok_path, fix), "tokens", path=str(tok_path))
+    if traj_path.exists():
+        trajs = _parquet(traj_path, fix)
+    else:  # no trajectories table: derive one (no rewards)
+        trajs = tokens.group_by("trajectory_id", maintain_order=True).agg(
+            num_turns=pl.col("turn").n_unique() - pl.col("turn").is_null().any().cast(pl.UInt32))
+    trajs, pre = canonical_trajectories(trajs, path=str(traj_path))
+    orphans = tokens.select("trajectory_id").unique().join(trajs.select("trajectory_id"), on="trajectory_id", how="anti")
+    if orphans.height:
+        first = orphans.sort("trajectory_id")["trajectory_id"][0]
+        n_rows = tokens.filter(pl.col("trajectory_id").is_in(orphans["trajectory_id"].implode())).height
+        raise SchemaError(f"{n_rows} token row(s) of {orphans.height} trajectory id(s) are missing from "
+                          f"{traj_path.name}", path=tok_path, record=f"trajectory {first!r}",
+                          fix="write both tables from the same rollouts (or remove trajectories.parquet to "
+                              "derive it from the tokens)")
+    return trajs, tokens, pre
+
+
+def canonical_trajectories(trajs: pl.DataFrame, *, path: str | None = None) -> tuple[pl.DataFrame, dict[str, str]]:
+    """A trajectories table reduced to its canonical columns, and the pre-scoring exclusions an earlier
+    audit recorded in its ``excluded`` column (by trajectory id).
+
+    Raises:
+        SchemaError: the table breaks its schema.
+    """
+    pre: dict[str, str] = {}
+    if "excluded" in trajs.columns:
+        rows = trajs.filter(pl.col("excluded").is_in(list(PRE_SCORING_EXCLUSIONS)))
+        pre = dict(zip(rows["trajectory_id"].cast(pl.String).to_list(), rows["excluded"].to_list()))
+    return validate(trajs, "trajectories", path=path).select(list(TRAJECTORY_SCHEMA)), pre
+
+
+def read_tables(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
+    """Read canonical tables (see the module docstring).
+
+    Returns ``(trajectories, tokens, pre_excluded)``: the trajectories table reduced to its canonical
+    columns (an earlier audit's statistics are dropped), the tokens table, and the exclusions made
+    before scoring that an earlier audit recorded (no assistant turn, over-long), by trajectory id.
+
+    Raises:
+        InputError: the file is missing or not Parquet. SchemaError: a table breaks its schema or a
+            row rule.
+    """
+    p = Path(path)
+    steps = sorted(p.glob("step_*.tokens.parquet")) if p.is_dir() and not (p / "tokens.parquet").exists() else []
+    if steps:
+        parts = [_pair(t, t.with_name(t.name.replace(".tokens.parquet", ".trajectories.parquet")),
+                       "re-write this step with dump_verl_batch, or delete the pair") for t in steps]
+        trajs = validate(pl.concat([x[0] for x in parts], how="vertical_relaxed"), "trajectories", path=str(p))
+        tokens = validate(pl.concat([x[1] for x in parts], how="vertical_relaxed"), "tokens", path=str(p))
+        return trajs, tokens, {k: v for x in parts for k, v in x[2].items()}
+    tok_path = p / "tokens.parquet" if p.is_dir() else p
+    if not tok_path.exists():
+        raise InputError("no such file", path=tok_path, fix="check the path")
+    return _pair(tok_path, tok_path.parent / "trajectories.parquet",
+                 "pass a Parquet file written by critic-audit or in the layout of docs/tables.md")
+
+
+def read_file(spec: Any, options: ReadOptions, report: ReadReport) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
+    """The registry's entry point: :func:`read_tables` of ``spec.path``."""
+    return read_tables(spec.path)
+
+
+def write_tables(folder: str | Path, trajectories: pl.DataFrame | None, tokens: pl.DataFrame | None, *,
+                 prefix: str = "") -> tuple[Path, Path]:
+    """Write ``{prefix}trajectories.parquet`` and ``{prefix}tokens.parquet`` into ``folder``, each
+    atomically (tokens last, so that a reader that looks for the tokens file sees complete pairs).
+    A table given as None is not written. Returns the two paths.
+
+    Raises:
+        InputError: the folder cannot be created or written.
+    """
+    from critic_audit.io.common import write_parquet_atomic
+
+    d = Path(folder)
+    traj_path, tok_path = d / f"{prefix}trajectories.parquet", d / f"{prefix}tokens.parquet"
+    for df, path in ((trajectories, traj_path), (tokens, tok_path)):
+        if df is not None:
+            write_parquet_atomic(df, path)
+    return traj_path, tok_path
