@@ -657,7 +657,7 @@ def _check_scorable(tokens: pl.DataFrame, critic: Any, path: str | Path) -> None
                 f"[0, {vocab}) ({bad.height} such token(s) in {bad['trajectory_id'].n_unique()} trajectory(ies))",
                 path=path, record=f"trajectory {row['trajectory_id']!r}",
                 fix="these token ids come from another tokenizer: score them with a critic of that tokenizer, or "
-                    "audit the chat rollouts so that the critic's tokenizer renders them")
+                    "audit the chat rollouts so that the critic's tokenizer renders them (ATIF: --token-ids text)")
     max_len = getattr(critic, "max_length", None)
     if max_len:
         lengths = todo.group_by("trajectory_id").agg(n=pl.len()).filter(pl.col("n") > max_len)

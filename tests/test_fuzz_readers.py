@@ -27,8 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from critic_audit.errors import CriticAuditError
-from critic_audit.io.chat import ChatReadOptions
-from critic_audit.io.common import InputOptions, ReadReport
+from critic_audit.io.records import ReadOptions, ReadReport
 from critic_audit.schema import conversations_to_trajectories
 from critic_audit.turns import TokenizeConfig, token_table, tokenize_conversations
 from critic_audit.workflow import read_inputs, read_tables
@@ -172,15 +171,15 @@ def _outcome(fn: Any) -> str:
 
 
 def _conversations(path: Path, fmt: str, lenient: bool, require_reward: bool) -> None:
-    convs = read_inputs([path], ChatReadOptions(require_reward=require_reward),
-                        input_options=InputOptions(format=fmt, lenient=lenient), report=ReadReport())
+    convs = read_inputs([path], ReadOptions(require_reward=require_reward, format=fmt, lenient=lenient),
+                        report=ReadReport())
     conversations_to_trajectories(convs)
     res = tokenize_conversations(convs, _tokenizer(), TokenizeConfig(max_length=256))
     token_table(res.conversations)
 
 
 def _tables(path: Path, fmt: str, lenient: bool) -> None:
-    read_tables(path, input_options=InputOptions(format=fmt, lenient=lenient), report=ReadReport())
+    read_tables(path, options=ReadOptions(format=fmt, lenient=lenient), report=ReadReport())
 
 
 def _check(reader: str, write: Any, run: Any) -> None:

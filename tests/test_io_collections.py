@@ -225,7 +225,9 @@ def test_token_ids_beyond_the_critic_vocabulary_are_refused(tmp_path, critic_dir
     res = runner.invoke(app, ["analyze", str(p), "--critic", str(critic_dir), "--out", str(tmp_path / "o"),
                               "--json", "--no-plots", "--no-reward"])
     assert res.exit_code == 1
-    assert "token ids reach 4000, beyond the critic's vocabulary of 300" in " ".join(res.output.split())
+    out = " ".join(res.output.split())
+    assert "token id 4000 at position" in out and "outside the critic's vocabulary [0, 300)" in out
+    assert str(p) in out and "--token-ids text" in out
 
 
 def test_analyze_atif_job_scores_exact_tokens(tmp_path, critic_dir):

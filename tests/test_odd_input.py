@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from critic_audit.cli import app
 from critic_audit.errors import CheckpointError, InputError, SchemaError
-from critic_audit.io.common import InputOptions, ReadReport
+from critic_audit.io.records import ReadOptions, ReadReport
 from critic_audit.workflow import read_inputs, read_tables
 
 runner = CliRunner()
@@ -44,11 +44,11 @@ CASES = {  # where the surrogate goes -> (record, the field named in the error)
 
 def _read(path: Path, lenient: bool, tokens: bool):
     rep = ReadReport()
-    opts = InputOptions(lenient=lenient)
+    opts = ReadOptions(lenient=lenient)
     if tokens:
-        trajs, _, _ = read_tables(path, input_options=opts, report=rep)
+        trajs, _, _ = read_tables(path, options=opts, report=rep)
         return trajs["trajectory_id"].to_list(), rep
-    return [c.trajectory_id for c in read_inputs([path], input_options=opts, report=rep)], rep
+    return [c.trajectory_id for c in read_inputs([path], opts, report=rep)], rep
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json"])
