@@ -62,9 +62,7 @@ def check_rollouts(
     tok = None
     tok_path = tokenizer if tokenizer is not None else policy
     if tok_path is not None:
-        from critic_audit.critic.load import load_tokenizer
-
-        tok = load_tokenizer(tok_path, trust_remote_code=trust_remote_code)
+        tok = _load_tokenizer(Path(tok_path), trust_remote_code)
     report = ReadReport()
     rollouts = load_rollouts(inputs, read_options=read_options, input_options=input_options, tokenizer=tok,
                              tokenize_config=TokenizeConfig(chat_template=chat_template), report=report)
@@ -82,6 +80,23 @@ def check_rollouts(
                       tokenizer=None if tok_path is None else str(tok_path),
                       policy=None if policy is None else str(policy))
     return res
+
+
+def _load_tokenizer(path: Path, trust_remote_code: bool) -> Any:
+    """A tokenizer folder (``tokenizer.json`` / ``tokenizer_config.json``; no model config needed)."""
+    from critic_audit.critic.load import quiet_transformers
+    from critic_audit.errors import CheckpointError
+
+    if not path.is_dir():
+        raise CheckpointError("no such tokenizer folder", path=path, fix="pass a folder written by save_pretrained")
+    from transformers import AutoTokenizer
+
+    try:
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot load the tokenizer ({str(e).splitlines()[0]})", path=path,
+                              fix="pass the folder the rollouts' tokenizer was saved to (tokenizer.save_pretrained)") from None
 
 
 def check_verl_batch(batch: Any, config: CheckConfig | None = None) -> CheckReport:
