@@ -503,7 +503,8 @@ def check(
             t.add_column(col)
         for c in report.checks:
             ex = c.examples[0] if c.examples else None
-            where = "" if ex is None else f"{ex.trajectory_id}, {ex.turn}, {ex.position}: {ex.detail}"
+            dash = (lambda v: "-" if v is None else str(v))
+            where = "" if ex is None else f"{ex.trajectory_id}, {dash(ex.turn)}, {dash(ex.position)}: {ex.detail}"
             t.add_row(c.id, f"[{colors[c.status]}]{c.status}[/]", _escape(c.summary), _escape(where))
         out.print(t)
         for c in report.checks:

@@ -477,3 +477,21 @@ def test_cli_check_exit_status_json_and_report(tmp_path):
     assert res.exit_code == 1 and "no such file" in res.output and "Traceback" not in res.output
     res = runner.invoke(app, ["check", str(good), "--reward-layout", "bogus"])
     assert res.exit_code == 1 and "unknown reward layout" in res.output
+
+
+@pytest.mark.parametrize("turns", [1, 2, 4])
+@pytest.mark.parametrize("tool", [True, False])
+def test_no_false_alarm_on_correctly_built_rollouts(tokenizer, turns, tool):
+    """Token ids and masks built by the chat template itself (turns.py) pass every template check, for
+    conversations with and without tool calls and 1-4 turns."""
+    rs = []
+    for i in range(4):
+        msgs = conv(i, turns, float(i % 2), tool=tool)["traj"]
+        tc = ChatRenderer(tokenizer).tokenize(Conversation(f"r{i}", msgs))
+        rs.append(rollout(f"r{i}", tc.input_ids, tc.response_mask, messages=msgs, group_id="g", reward=float(i % 2)))
+    rep = run_checks(rs, tokenizer=tokenizer)
+    for cid in ("mask_boundaries", "turn_separators", "retokenization", "empty_turns", "truncation"):
+        c = by_id(rep, cid)
+        assert c.status == "pass", (cid, c.summary, [e.detail for e in c.examples])
+    assert by_id(rep, "mask_boundaries").counts["trajectories_checked"] == 4
+    assert by_id(rep, "retokenization").counts["turns_checked"] == 4 * turns

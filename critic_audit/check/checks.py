@@ -555,8 +555,10 @@ def check_turn_length_limit(rollouts: Sequence[CheckRollout], ctx: CheckContext)
         n_over += int(over.size)
         n_at += int((lengths == limit).sum())
         n_traj += bool(over.size)
+        why = " (the mask comes from the chat template: the message itself is that long)" if r.mask_from_template else ""
         ex += [Example(r.trajectory_id, int(t), int(np.flatnonzero(k == t)[0]), f"turn {int(t)} has "
-                       f"{int(lengths[t])} policy tokens, over the limit of {limit}", float(lengths[t])) for t in over]
+                       f"{int(lengths[t])} policy tokens, over the limit of {limit}{why}", float(lengths[t]))
+               for t in over]
     counts = {"trajectories_checked": len(have), "turns_checked": n_turns, "turns_over_limit": n_over,
               "turns_at_limit": n_at, "trajectories": n_traj}
     if n_over:
@@ -846,8 +848,9 @@ def check_turns_per_group(rollouts: Sequence[CheckRollout], ctx: CheckContext) -
               "trajectories_checked": sum(len(rs) for rs in multi.values())}
     measured = {"max_turns_ratio": max(ratios), "median_turns_ratio": _median(ratios), "max_baseline_bias": max(biases)}
     if flagged:
-        return make(WARN, summary=f"{flagged} of {len(multi)} groups: a per-turn baseline moves by more than "
-                    f"{100 * ctx.config.baseline_bias_warn:.0f}% of the reward range", counts=counts, measured=measured,
+        return make(WARN, summary=f"{flagged} of {len(multi)} groups: a baseline over per-turn samples would move by "
+                    f"more than {100 * ctx.config.baseline_bias_warn:.0f}% of the reward range from the "
+                    "per-trajectory one", counts=counts, measured=measured,
                     examples=ex, n=ctx.config.examples)
     return make(PASS, summary=f"{unequal} of {len(multi)} groups have unequal turn counts; no baseline moves by more "
                 f"than {100 * ctx.config.baseline_bias_warn:.0f}% of the reward range", counts=counts, measured=measured)
