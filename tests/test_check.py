@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from critic_audit.check import CheckConfig, CheckRollout, check_rollouts, check_verl_batch, load_rollouts, run_checks
+from critic_audit.check import CheckConfig, CheckRollout, check_rollouts, check_verl_batch, run_checks
 from critic_audit.check.markers import expected_turns, turn_markers
 from critic_audit.cli import app
 from critic_audit.schema import Conversation
@@ -382,12 +382,10 @@ def test_policy_recomputes_the_trainer_side(tmp_path, tokenizer):
         for s in seqs:
             lp = torch.log_softmax(model(torch.as_tensor(s)[None]).logits[0].double(), -1)
             ref.append(np.r_[np.nan, lp[:-1].gather(1, torch.as_tensor(s[1:])[:, None])[:, 0].numpy()])
-    rows = [row(f"s{i}", [0] + [1] * (len(s) - 1), ids=s.tolist(), rollout_log_probs=r.tolist()[:1] + r.tolist()[1:])
-            for i, (s, r) in enumerate(zip(seqs, ref))]
-    rows[0]["rollout_log_probs"] = [None] + ref[0][1:].tolist()
-    for rw, r in zip(rows, ref):
-        rw["rollout_log_probs"] = [None] + r[1:].tolist()
-    rows[2]["rollout_log_probs"] = [None] + (ref[2][1:] + 0.5).tolist()  # a sampler 0.5 nats off on 7 tokens
+    sampler = [r.copy() for r in ref]
+    sampler[2][1:] += 0.5  # a sampler 0.5 nats off on all 7 policy tokens of s2
+    rows = [row(f"s{i}", [0] + [1] * (len(s) - 1), ids=s.tolist(), rollout_log_probs=[None] + lp[1:].tolist())
+            for i, (s, lp) in enumerate(zip(seqs, sampler))]
     p = write_jsonl(tmp_path / "r.jsonl", rows)
     rep = check_rollouts([p], policy=pol, token_budget=8, dtype="float32", device="cpu")
     c = by_id(rep, "logprob_mismatch")

@@ -21,7 +21,7 @@ import numpy as np
 
 from critic_audit.check.data import CheckRollout, turn_ids
 from critic_audit.check.markers import TurnMarkers, expected_turns, find, turn_markers
-from critic_audit.errors import ConfigError
+from critic_audit.errors import ConfigError, TemplateError
 
 __all__ = ["CHECKS", "CheckConfig", "CheckContext", "CheckOutcome", "CheckReport", "Example", "REWARD_LAYOUTS",
            "STATUSES", "run_checks"]
@@ -222,6 +222,15 @@ def _with(rollouts: Sequence[CheckRollout], *fields: str) -> list[CheckRollout]:
     return [r for r in rollouts if all(getattr(r, f) is not None for f in fields)]
 
 
+def _groups(rollouts: Sequence[CheckRollout], keep: Callable[[CheckRollout], bool]):
+    """``(all groups, groups of >= 2)``: group id -> its rollouts that ``keep`` accepts."""
+    groups: dict[str, list[CheckRollout]] = defaultdict(list)
+    for r in rollouts:
+        if r.group_id is not None and keep(r):
+            groups[r.group_id].append(r)
+    return groups, {g: rs for g, rs in groups.items() if len(rs) >= 2}
+
+
 def _nz(x: np.ndarray) -> np.ndarray:
     return np.nan_to_num(np.asarray(x, dtype=np.float64))
 
@@ -341,11 +350,7 @@ def check_groups_all_equal(rollouts: Sequence[CheckRollout], ctx: CheckContext) 
                     "sample more rollouts per prompt or filter such groups (DAPO dynamic sampling, "
                     "critic_audit.rl.dynamic_sampling_filter); when every group is equal, check the reward "
                     "function (constant output, a parse failure scored 0)", ("arXiv:2503.14476 (DAPO)",))
-    groups: dict[str, list[CheckRollout]] = defaultdict(list)
-    for r in rollouts:
-        if r.group_id is not None and r.reward is not None:
-            groups[r.group_id].append(r)
-    multi = {g: rs for g, rs in groups.items() if len(rs) >= 2}
+    groups, multi = _groups(rollouts, lambda r: r.reward is not None)
     if not multi:
         return make(SKIP, reason="no group (group_id / uid) holds two or more rollouts with a reward")
     import torch
@@ -659,7 +664,10 @@ def check_retokenization(rollouts: Sequence[CheckRollout], ctx: CheckContext) ->
     from critic_audit.turns import TokenizeConfig, tokenize_conversations
 
     convs = [Conversation(r.trajectory_id, r.messages, record=r.source) for r in have]
-    res = tokenize_conversations(convs, ctx.tokenizer, TokenizeConfig(chat_template=ctx.chat_template))
+    try:
+        res = tokenize_conversations(convs, ctx.tokenizer, TokenizeConfig(chat_template=ctx.chat_template))
+    except TemplateError as e:
+        return make(SKIP, reason=f"the chat template cannot re-render the messages ({e})")
     rendered = {tc.trajectory_id: tc for tc in res.conversations}
     n_turns = n_gen = n_ctx = n_count = n_traj = 0
     ex: list[Example] = []
@@ -819,11 +827,7 @@ def check_turns_per_group(rollouts: Sequence[CheckRollout], ctx: CheckContext) -
                     "count each trajectory once in the group baseline (mean / std over trajectories, not over "
                     "per-turn samples), or use turn-level credit that does not replicate the outcome per turn",
                     ("agent-lightning #444",))
-    groups: dict[str, list[CheckRollout]] = defaultdict(list)
-    for r in rollouts:
-        if r.group_id is not None and r.reward is not None and r.num_turns:
-            groups[r.group_id].append(r)
-    multi = {g: rs for g, rs in groups.items() if len(rs) >= 2}
+    _, multi = _groups(rollouts, lambda r: r.reward is not None and bool(r.num_turns))
     if not multi:
         return make(SKIP, reason="no group holds two or more rollouts with a reward and turns")
     unequal = flagged = 0
@@ -915,12 +919,14 @@ def run_checks(rollouts: Sequence[CheckRollout], config: CheckConfig | None = No
         chat_template: a Jinja template replacing the tokenizer's.
         notes: caveats carried into the report.
 
-    Raises:
-        TemplateError: the tokenizer has no chat template, or it fails to render a plain exchange.
+    A tokenizer whose template cannot render the probe exchange or the rollouts' messages skips the
+    checks that need it (with the reason); it raises nothing.
     """
     cfg = config or CheckConfig()
     ctx = CheckContext(cfg, tokenizer, chat_template)
     if tokenizer is not None:
-        ctx.markers, reason = turn_markers(tokenizer, chat_template)
-        ctx.markers_reason = reason
+        try:
+            ctx.markers, ctx.markers_reason = turn_markers(tokenizer, chat_template)
+        except TemplateError as e:  # a template that cannot render the probe: the other checks still run
+            ctx.markers, ctx.markers_reason = None, f"the chat template cannot render a probe exchange ({e.problem})"
     return CheckReport([fn(rollouts, ctx) for fn in CHECKS], len(rollouts), list(notes), dataclasses.asdict(cfg))
