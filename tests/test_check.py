@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from critic_audit.check import CheckConfig, CheckRollout, check_rollouts, check_verl_batch, run_checks
@@ -493,3 +495,37 @@ def test_no_false_alarm_on_correctly_built_rollouts(tokenizer, turns, tool):
         assert c.status == "pass", (cid, c.summary, [e.detail for e in c.examples])
     assert by_id(rep, "mask_boundaries").counts["trajectories_checked"] == 4
     assert by_id(rep, "retokenization").counts["turns_checked"] == 4 * turns
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 5), st.integers(2, 30))
+def test_logprob_figures_match_a_plain_loop_and_approx_kl(seed, b, t):
+    """The check's k3 equals critic_audit.rl.approx_kl on the same tokens; the product / geomean
+    weights and the turn collapse counts equal a loop over rows and turns."""
+    import torch
+
+    from critic_audit.rl import approx_kl
+
+    rng = np.random.default_rng(seed)
+    mask = rng.random((b, t)) < 0.6
+    mask[:, 0] = True
+    sampler = -rng.gamma(1.0, 1.0, (b, t))
+    trainer = sampler + rng.normal(0, 0.3, (b, t))
+    rs = [rollout(f"r{i}", np.zeros(t), mask[i], sampler_log_probs=sampler[i], trainer_log_probs=trainer[i])
+          for i in range(b)]
+    c = by_id(run_checks(rs, CheckConfig(weight_floor=0.5)), "logprob_mismatch")
+    ref = approx_kl(torch.as_tensor(trainer), torch.as_tensor(sampler), torch.as_tensor(mask))
+    assert c.measured["k3_token_mean"] == pytest.approx(ref["k3"], rel=1e-9, abs=1e-12)
+    prods, geos, collapsed_turns = [], [], 0
+    for i in range(b):
+        d = (trainer[i] - sampler[i])[mask[i]]
+        prods.append(d.sum())
+        geos.append(d.mean())
+        k = np.where(mask[i], np.cumsum(mask[i] & ~np.r_[False, mask[i][:-1]]) - 1, -1)
+        for q in range(k.max() + 1):
+            s = (trainer[i] - sampler[i])[k == q].sum()
+            collapsed_turns += not (math.log(0.5) <= s <= -math.log(0.5))
+    assert c.measured["seq_product_weight_min"] == pytest.approx(math.exp(min(prods)), rel=1e-9)
+    assert c.measured["seq_geomean_weight_median"] == pytest.approx(math.exp(np.median(geos)), rel=1e-9)
+    assert c.counts["turns_collapsed"] == collapsed_turns
+    assert c.counts["trajectories_collapsed"] == sum(not (math.log(0.5) <= p <= -math.log(0.5)) for p in prods)
