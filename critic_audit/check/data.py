@@ -182,7 +182,8 @@ def _from_conversations(convs: list[Conversation], tokenizer: Any, tokenize_conf
             if tc is not None:
                 r.token_ids, r.response_mask = tc.input_ids.astype(np.int64), tc.response_mask.astype(bool)
                 r.mask_from_template = True
-                r.truncated = bool(r.truncated) or tc.truncated or None
+                if tc.truncated:
+                    r.truncated = True
     return out
 
 

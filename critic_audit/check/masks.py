@@ -231,7 +231,7 @@ def check_truncation(rollouts: Sequence[CheckRollout], ctx: CheckContext) -> Che
                               1.0 + bool(r.reward)))
     if not n_checked:
         return make(SKIP, reason="the rollouts say nothing about truncation (no truncated / finish_reason field); "
-                                 "pass --max-turn-tokens N or --tokenizer to infer it")
+                                 "pass --max-turn-tokens N (or, for token data, --tokenizer) to infer it")
     counts = {"trajectories_checked": n_checked, "trajectories": n_trunc, "truncated_with_reward": n_rewarded}
     measured = {"share": _share(n_trunc, n_checked)}
     if n_trunc:
