@@ -529,3 +529,17 @@ def test_logprob_figures_match_a_plain_loop_and_approx_kl(seed, b, t):
     assert c.measured["seq_geomean_weight_median"] == pytest.approx(math.exp(np.median(geos)), rel=1e-9)
     assert c.counts["turns_collapsed"] == collapsed_turns
     assert c.counts["trajectories_collapsed"] == sum(not (math.log(0.5) <= p <= -math.log(0.5)) for p in prods)
+
+
+def test_policy_errors_are_one_line(tmp_path):
+    from conftest import make_critic_dir
+
+    pol = make_critic_dir(tmp_path / "policy", with_head=False, max_pos=8)
+    too_long = write_jsonl(tmp_path / "long.jsonl", [row("long", [0] + [1] * 9, rollout_log_probs=[-1.0] * 10)])
+    res = runner.invoke(app, ["check", str(too_long), "--policy", str(pol), "--device", "cpu"])
+    assert res.exit_code == 1 and "10 tokens, more than the policy's context of 8" in res.output
+    bad_ids = write_jsonl(tmp_path / "ids.jsonl", [row("v", [0, 1], ids=[1, 5000], rollout_log_probs=[-1.0] * 2)])
+    res = runner.invoke(app, ["check", str(bad_ids), "--policy", str(pol), "--device", "cpu"])
+    assert res.exit_code == 1 and "outside the policy's vocabulary" in res.output
+    res = runner.invoke(app, ["check", str(bad_ids), "--tokenizer", str(tmp_path / "nowhere")])
+    assert res.exit_code == 1 and "no such tokenizer folder" in res.output

@@ -81,7 +81,8 @@ def apply_policy(rollouts: Sequence[Any], path: str | Path, *, device: str = "au
 
     Raises:
         CheckpointError, ConfigError: see :func:`load_policy`; ConfigError also when token ids fall
-        outside the policy's vocabulary (another tokenizer made them).
+        outside the policy's vocabulary (another tokenizer made them) or a rollout is longer than its
+        context.
     """
     from critic_audit.errors import ConfigError
 
@@ -92,6 +93,11 @@ def apply_policy(rollouts: Sequence[Any], path: str | Path, *, device: str = "au
     if bad is not None:
         raise ConfigError(f"trajectory {bad.trajectory_id!r} has token ids outside the policy's vocabulary of {vocab}",
                           fix="pass the checkpoint whose tokenizer produced these ids")
+    ctx_len = getattr(model.config, "max_position_embeddings", None)
+    long = next((r for r in todo if ctx_len and len(r.token_ids) > ctx_len), None)
+    if long is not None:
+        raise ConfigError(f"trajectory {long.trajectory_id!r} has {len(long.token_ids)} tokens, more than the policy's "
+                          f"context of {ctx_len}", fix="pass the policy checkpoint the rollouts were sampled from")
     lps = policy_log_probs(model, dev, [r.token_ids for r in todo], token_budget=token_budget,
                            pad_id=getattr(tok, "pad_token_id", None) or 0)
     for r, lp in zip(todo, lps):
