@@ -543,3 +543,25 @@ def test_policy_errors_are_one_line(tmp_path):
     assert res.exit_code == 1 and "outside the policy's vocabulary" in res.output
     res = runner.invoke(app, ["check", str(bad_ids), "--tokenizer", str(tmp_path / "nowhere")])
     assert res.exit_code == 1 and "no such tokenizer folder" in res.output
+
+
+def test_conversations_with_a_tokenizer_get_lengths_not_mask_checks(tokenizer, tmp_path):
+    """For conversations the tokenizer renders ids and a mask (as analyze does): the length checks use
+    them; the mask / separator checks would test the template against itself and skip."""
+    p = tmp_path / "chat.json"
+    p.write_text(json.dumps([conv(i, 3, float(i % 2)) for i in range(4)]))
+    tok_dir = tmp_path / "tok"
+    tokenizer.save_pretrained(tok_dir)
+    rep = check_rollouts([p], CheckConfig(max_turn_tokens=10), tokenizer=tok_dir)
+    for cid in ("mask_boundaries", "turn_separators", "retokenization"):
+        assert by_id(rep, cid).status == "skipped", cid
+    over = 0
+    for i in range(4):
+        _, ids, mask = rendered(tokenizer, turns=3, i=i)
+        k = np.where(mask, np.cumsum(mask & ~np.r_[False, mask[:-1]]) - 1, -1)
+        over += sum(int((k == t).sum()) > 10 for t in range(3))
+    assert over >= 4  # the turns "Thought: step k of i. Action: search[Paris]" are longer than 10 tokens
+    lim = by_id(rep, "turn_length_limit")
+    assert lim.counts["turns_checked"] == 12 and lim.counts["trajectories_checked"] == 4
+    assert lim.status == "fail" and lim.counts["turns_over_limit"] == over
+    assert "the message itself is that long" in lim.examples[0].detail

@@ -84,9 +84,9 @@ def check_turn_separators(rollouts: Sequence[CheckRollout], ctx: CheckContext) -
     mk = ctx.markers
     if not mk.end or not mk.glue:
         return make(SKIP, reason="the chat template puts nothing between an end-of-turn token and the next message")
-    have = _with(rollouts, "token_ids")
+    have = [r for r in _with(rollouts, "token_ids") if not r.mask_from_template]  # not ids the template made
     if not have:
-        return make(SKIP, reason="the rollouts carry no token ids")
+        return make(SKIP, reason="the rollouts carry no token ids of their own")
     n_checked = n_missing = n_traj = 0
     ex: list[Example] = []
     glue = np.asarray(mk.glue)
