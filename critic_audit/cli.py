@@ -456,6 +456,76 @@ def plot(
 
 
 @app.command()
+def check(
+    inputs: Inputs,
+    tokenizer: Annotated[Optional[Path], typer.Option(help="Tokenizer folder (with the chat template) the rollouts were made with: enables the turn-token, separator, empty-turn and re-tokenization checks (default: the --policy's).")] = None,
+    policy: Annotated[Optional[Path], typer.Option(help="Causal-LM checkpoint: recompute the trainer-side log-probs with it.")] = None,
+    max_turn_tokens: Annotated[Optional[int], typer.Option(help="The sampler's per-turn generation limit (max_tokens): longer turns fail, turns at it count as truncated.")] = None,
+    reward_layout: Annotated[str, typer.Option(help="turn (at most one reward per turn), outcome (one per trajectory) or token (dense rewards, not checked).")] = "turn",
+    weight_floor: Annotated[float, typer.Option(help="A product importance weight below this (or above its inverse) has collapsed; 0 disables.")] = 0.1,
+    examples: Annotated[int, typer.Option(help="Worst examples kept per check.")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
+    report_out: Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON report to this file (atomically).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit non-zero on warnings too.")] = False,
+    input_format: Annotated[str, typer.Option("--format", help="Input format: auto, chat, responses, react, swe, tokenized.")] = "auto",
+    lenient: Annotated[bool, typer.Option("--lenient", help="Skip bad records (counted in the report notes).")] = False,
+    chat_template: ChatTemplate = None,
+    messages_key: MessagesKey = None,
+    reward_key: RewardKey = None,
+    id_key: IdKey = None,
+    group_key: GroupKey = None,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    token_budget: TokenBudget = 16384,
+    trust_remote_code: TrustRemoteCode = False,
+) -> None:
+    """Check rollouts for credit-assignment bugs (no critic): exit 2 when a fail-level check fires (docs/check.md)."""
+    try:
+        from critic_audit.check import CheckConfig, check_rollouts, write_report
+        from critic_audit.io.chat import ChatReadOptions
+        from critic_audit.io.common import InputOptions
+
+        cfg = CheckConfig(reward_layout=reward_layout, max_turn_tokens=max_turn_tokens, weight_floor=weight_floor,
+                          examples=examples)
+        read_opts = ChatReadOptions(messages_key=messages_key, reward_key=reward_key, id_key=id_key,
+                                    group_key=group_key, require_reward=False)
+        report = check_rollouts(inputs, cfg, read_options=read_opts,
+                                input_options=InputOptions(format=input_format, lenient=lenient),
+                                tokenizer=tokenizer, chat_template=_read_template(chat_template), policy=policy,
+                                device=device, dtype=dtype, token_budget=token_budget,
+                                trust_remote_code=trust_remote_code)
+        if report_out is not None:
+            write_report(report, report_out)
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001 - every error becomes one line
+        _fail(e)
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2, default=str) + "\n")
+    else:
+        colors = {"fail": "red", "warn": "yellow", "pass": "green", "skipped": "dim"}
+        t = Table(title=f"critic-audit check: {report.n_trajectories} trajectories, overall {report.status}")
+        for col in ("check", "status", "finding", "worst example (trajectory, turn, position)"):
+            t.add_column(col)
+        for c in report.checks:
+            ex = c.examples[0] if c.examples else None
+            dash = (lambda v: "-" if v is None else str(v))
+            where = "" if ex is None else f"{ex.trajectory_id}, {dash(ex.turn)}, {dash(ex.position)}: {ex.detail}"
+            t.add_row(c.id, f"[{colors[c.status]}]{c.status}[/]", _escape(c.summary), _escape(where))
+        out.print(t)
+        for c in report.checks:
+            if c.status in ("fail", "warn"):
+                out.print(f"[bold]{c.id}[/bold] fix: {_escape(c.fix)}")
+        for note in report.notes:
+            out.print(f"note: {_escape(note)}")
+        if report_out is not None:
+            out.print(f"wrote {report_out}")
+    if report.status == "fail" or (strict and report.status == "warn"):
+        raise typer.Exit(2)
+
+
+@app.command()
 def train(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run folder (config, metrics.jsonl, rollouts/, checkpoints/).")],
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML, YAML or JSON config file (docs/train.md).")] = None,

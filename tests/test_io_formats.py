@@ -443,8 +443,8 @@ def test_dump_verl_batch_round_trip(tmp_path):
 
     dump_verl_batch(DataProtoLike(_verl_batch(seed=1)), out, step=4)
     assert sorted(q.name for q in out.iterdir()) == [
-        "step_00000003.tokens.parquet", "step_00000003.trajectories.parquet",
-        "step_00000004.tokens.parquet", "step_00000004.trajectories.parquet"]
+        "step_00000003.side.parquet", "step_00000003.tokens.parquet", "step_00000003.trajectories.parquet",
+        "step_00000004.side.parquet", "step_00000004.tokens.parquet", "step_00000004.trajectories.parquet"]
     assert detect_format(out) == "tables" and is_table_input(out)
     trajs, tokens, _ = read_tables(out)
     assert trajs.height == 8 and trajs["checkpoint"].to_list() == ["3"] * 4 + ["4"] * 4

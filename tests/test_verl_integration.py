@@ -346,6 +346,10 @@ def test_options_are_checked():
         launcher.split_overrides(["critic_audit.dump_every=0"])
     with pytest.raises(ConfigError, match="beta = -1 must be >= 0"):
         launcher.split_overrides(["critic_audit.beta=-1"])
+    assert launcher.split_overrides(["critic_audit.check=true", "critic_audit.check_every=5"])[0] == {
+        "check": True, "check_every": 5}
+    with pytest.raises(ConfigError, match="check_every = 0 must be >= 1"):
+        launcher.split_overrides(["critic_audit.check_every=0"])
 
 
 def test_launcher_composes_verl_config_with_plugin_defaults(monkeypatch):
@@ -452,7 +456,8 @@ def test_trainer_step_hands_values_and_dumps_rollouts(transfer_queue, options, t
         torch.testing.assert_close(ret[i, :n], ref.returns[i, :n], rtol=0, atol=1e-6)
 
     dumped = sorted(p.name for p in (tmp_path / "dump").iterdir())
-    assert dumped == ["step_00000002.tokens.parquet", "step_00000002.trajectories.parquet"]  # every 2nd step
+    assert dumped == ["step_00000002.side.parquet", "step_00000002.tokens.parquet",  # every 2nd step
+                      "step_00000002.trajectories.parquet"]
     tokens = pl.read_parquet(tmp_path / "dump" / "step_00000002.tokens.parquet")
     policy = tokens.filter(pl.col("response_mask")).sort(["trajectory_id", "position"])
     want = torch.cat([values[i, :n][mask[i, :n].bool()] for i, n in enumerate(lens)])
@@ -461,6 +466,52 @@ def test_trainer_step_hands_values_and_dumps_rollouts(transfer_queue, options, t
     )
     assert sorted(policy["trajectory_id"].unique().to_list()) == [f"step2:{i}" for i in range(4)]
     torch.testing.assert_close(got_values.float(), want, rtol=0, atol=1e-6)
+
+
+def test_trainer_step_runs_the_checks_as_metrics(transfer_queue, options, tmp_path):
+    """critic_audit.check=true: every step's batch goes through critic-audit check and its figures land in
+    verl's metrics; the dump's side file keeps the per-token rewards and both log-probs."""
+    import polars as pl
+
+    from critic_audit.integrations.verl.trainer import CriticAuditPPOTrainer
+
+    tq = transfer_queue
+    options(check=True, dump_dir=str(tmp_path / "dump"), lam=0.8)
+    nt = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 0, 1, 1, 0]])
+    rewards = torch.zeros(2, 6)
+    rewards[0, 5] = 1.0  # on its last policy token
+    rewards[1, 5] = 1.0  # on the trailing tool token: masked (miles #1827)
+    sampler = torch.full((2, 6), -1.0)
+    trainer_lp = sampler.clone()
+    trainer_lp[1, :2] = -1.1  # turn 0 of row 1: delta -0.1 on two tokens
+    fields = TensorDict({
+        "prompts": nt([torch.tensor([3, 4]), torch.tensor([5])]), "responses": nt([torch.arange(6) + 40] * 2),
+        "response_mask": nt(list(mask)), "rm_scores": nt(list(rewards)), "values": nt(list(torch.zeros(2, 6))),
+        "old_log_probs": nt(list(trainer_lp)), "rollout_log_probs": nt(list(sampler)), "uid": torch.tensor([0, 0]),
+    }, batch_size=[2])
+    keys = ["c0_0_0", "c0_1_0"]
+    meta = tq.kv_batch_put(keys=keys, partition_id="train", fields=fields)
+    trainer = object.__new__(CriticAuditPPOTrainer)
+    trainer.config = launcher.compose_verl_config(["algorithm.adv_estimator=mpo"])
+    trainer.global_steps = 1
+    metrics: dict = {}
+    trainer._compute_advantage(meta, metrics=metrics)
+    assert metrics["critic_audit/check/reward_on_masked_token/status"] == 2.0
+    assert metrics["critic_audit/check/reward_on_masked_token/tokens"] == 1.0
+    k3 = (np.expm1(-0.1) + 0.1) * 2 / 8  # two of the eight policy tokens off by 0.1 nats
+    assert metrics["critic_audit/check/logprob_mismatch/k3_token_mean"] == pytest.approx(k3, rel=1e-6)
+    assert metrics["critic_audit/check/logprob_mismatch/max_abs_delta"] == pytest.approx(0.1, rel=1e-5)
+    assert metrics["critic_audit/check/groups_all_equal/status"] == 2.0  # both rows of the group score 1
+    side = pl.read_parquet(tmp_path / "dump" / "step_00000001.side.parquet").sort(["trajectory_id", "position"])
+    row1 = side.filter(pl.col("trajectory_id") == "step1:1")
+    assert row1["token_reward"].to_list() == [None, 0, 0, 0, 0, 0, 1.0]  # one prompt token, then the response
+    assert row1["old_log_prob"].to_list()[1:3] == pytest.approx([-1.1, -1.1])
+    assert row1["rollout_log_prob"].to_list()[1:] == pytest.approx([-1.0] * 6)
+    options(lam=0.8)  # off by default: no check metrics
+    metrics = {}
+    trainer._compute_advantage(meta, metrics=metrics)
+    assert not any(k.startswith("critic_audit/check") for k in metrics)
 
 
 def test_ray_workers_get_the_options_and_our_trainer(transfer_queue, monkeypatch):

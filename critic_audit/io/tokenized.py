@@ -8,7 +8,9 @@ Two row layouts, in Parquet (read row group by row group) or JSON / JSONL (JSONL
   verl stores it, so it becomes the canonical ``value`` at position t), ``old_log_probs`` (length
   checked, not stored), ``reward`` (a number, or per-token rewards that are summed), ``success``, an
   id (``trajectory_id``, ``id``, ``traj_id``), a group (``group_id``, ``uid``, ``prompt_id``, ...) and
-  a training ``step`` (-> ``checkpoint``).
+  a training ``step`` (-> ``checkpoint``). Per-token arrays that the tables have no column for (the
+  per-token rewards with their positions, ``old_log_probs``, the sampler's ``rollout_log_probs``,
+  ``returns``) are kept beside them in :attr:`TokenSequence.token_arrays` (read by ``critic-audit check``).
 * **step rows** (PrimeIntellect verifiers): ``prompt_ids``, ``completion_ids``, optional
   ``completion_mask`` (default all 1) and ``reward``, one row per model call; consecutive rows with
   the same id are the steps of one rollout. A row may instead hold all its steps in a ``trajectory``
@@ -45,7 +47,15 @@ TOK_GROUP_KEYS = ("group_id", "uid", "prompt_id", "task_id", "question_id", "ins
 #: Fields holding token data (not repeated in the metadata).
 _TOKEN_FIELDS = ("input_ids", "response_mask", "attention_mask", "values", "old_log_probs", "prompt_ids",
                  "completion_ids", "completion_mask", "prompt_mask", "completion_logprobs", "trajectory",
-                 "position_ids", "token_level_rewards", "token_level_scores", "advantages", "returns")
+                 "position_ids", "token_level_rewards", "token_level_scores", "advantages", "returns",
+                 "rollout_log_probs")
+#: :attr:`TokenSequence.token_arrays` name -> the row fields it is read from (the first present wins).
+SIDE_ARRAYS: dict[str, tuple[str, ...]] = {
+    "token_rewards": ("token_level_rewards", "token_level_scores", "reward", "score"),
+    "old_log_probs": ("old_log_probs",),
+    "rollout_log_probs": ("rollout_log_probs",),
+    "returns": ("returns",),
+}
 
 
 def is_tokenized_record(rec: Any) -> bool:
@@ -97,6 +107,12 @@ class TokenSequence:
     checkpoint: str | None
     source: str | None
     metadata: dict[str, Any]
+    #: per-token side arrays (T,) float64 aligned with ``token_ids`` (NaN = no entry), named as in
+    #: :data:`SIDE_ARRAYS`; ``token_rewards`` keeps each reward at its own position (the tables only
+    #: hold the row's sum). A field that is not a list of numbers of the row's length is left out and
+    #: named in ``metadata["side_array_problems"]``; ``metadata["rewards_on_padding"]`` counts non-zero
+    #: rewards at dropped padding positions; ``metadata["token_rewards_field"]`` names the field read.
+    token_arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def _int_list(v: Any, name: str, ctx: RecordContext, *, mask: bool = False) -> np.ndarray:
@@ -159,6 +175,30 @@ def _reward_value(rec: Mapping[str, Any]) -> Mapping[str, Any]:
     return rec
 
 
+def _side_arrays(rec: Mapping[str, Any], n: int, keep: np.ndarray, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The :data:`SIDE_ARRAYS` of a sequence row, padding dropped (lenient: problems go to ``meta``)."""
+    out: dict[str, np.ndarray] = {}
+    for name, keys in SIDE_ARRAYS.items():
+        lists = {k: v.tolist() if hasattr(v, "tolist") else v for k in keys if (v := rec.get(k)) is not None}
+        key = next((k for k, v in lists.items() if isinstance(v, list)), None)
+        if key is None:
+            continue
+        v = lists[key]
+        try:
+            arr = np.asarray([np.nan if x is None else x for x in v], dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            arr = None
+        if arr is None or len(arr) != n:
+            meta.setdefault("side_array_problems", {})[key] = "not a list of numbers, one per input_ids token"
+            continue
+        if name == "token_rewards" and np.any(np.nan_to_num(arr[~keep]) != 0):
+            meta["rewards_on_padding"] = int(np.count_nonzero(np.nan_to_num(arr[~keep])))
+        if name == "token_rewards":
+            meta["token_rewards_field"] = key
+        out[name] = arr[keep]
+    return out
+
+
 def _fields(rec: Mapping[str, Any], ctx: RecordContext, opts: ReadOptions):
     """Id, reward, success, group, checkpoint of a row; ids from :data:`TOK_ID_KEYS` and groups from
     :data:`TOK_GROUP_KEYS` (``uid`` is verl's group uid, shared by the rollouts of one prompt)."""
@@ -182,6 +222,7 @@ def _metadata(rec: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
 
 
 def _sequence_row(rec: Mapping[str, Any], ctx: RecordContext, opts: ReadOptions, source: str) -> TokenSequence:
+    raw = rec  # before _fields sums a per-token reward list
     rec, f = _fields(rec, ctx, opts)
     ids = _int_list(rec.get("input_ids"), "input_ids", ctx)
     n = len(ids)
@@ -204,8 +245,10 @@ def _sequence_row(rec: Mapping[str, Any], ctx: RecordContext, opts: ReadOptions,
         values = values[keep]
     if rec.get("old_log_probs") is not None:
         _same_len(_float_list(rec["old_log_probs"], "old_log_probs", ctx), n, "old_log_probs", ctx)
+    meta = _metadata(rec, f.used)
+    side = _side_arrays(raw, n, keep, meta)
     return TokenSequence(f.trajectory_id, ids[keep], mask[keep].astype(bool), values, f.reward, f.success,
-                         f.group_id, f.checkpoint, source, _metadata(rec, f.used))
+                         f.group_id, f.checkpoint, source, meta, side)
 
 
 def steps_to_sequence(steps: list[Any], ctx: RecordContext) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,13 @@ Success follows the automatic rule of :func:`critic_audit.io.records.success_of`
 Written: ``DIR/step_{step:08d}.trajectories.parquet`` and ``DIR/step_{step:08d}.tokens.parquet``
 (trajectory ids ``step{step}:{row}``, ``checkpoint`` = the step, ``source`` = ``verl``). Each file is
 written to a temporary name and renamed; the tokens file is renamed last, and readers only look at
-steps whose tokens file exists, so a reader never sees half a pair. ``old_log_probs`` is not stored.
+steps whose tokens file exists, so a reader never sees half a pair.
+
+Side file (read by ``critic-audit check``, ignored by ``analyze``): ``DIR/step_{step:08d}.side.parquet``
+with ``trajectory_id``, ``position`` and, for the fields the batch has, ``token_reward`` (each
+``token_level_rewards`` entry at its own position: the tables hold only the row's sum),
+``old_log_prob``, ``rollout_log_prob`` and ``return`` (Float64, null at prompt tokens), written before
+the tokens file.
 """
 
 from __future__ import annotations
@@ -37,11 +43,16 @@ from typing import Any
 
 import numpy as np
 
+from critic_audit.io.common import write_parquet_atomic
 from critic_audit.io.records import success_of
 from critic_audit.io.tables import write_tables
 from critic_audit.io.tokenized import TokenSequence, sequences_to_tables
 
-__all__ = ["dump_verl_batch", "step_files"]
+__all__ = ["SIDE_COLUMNS", "dump_verl_batch", "side_file", "step_files"]
+
+#: side-file column -> the batch fields it is read from ([B, R], response positions)
+SIDE_COLUMNS = {"token_reward": ("token_level_rewards", "token_level_scores"), "old_log_prob": ("old_log_probs",),
+                "rollout_log_prob": ("rollout_log_probs",), "return": ("returns",)}
 
 
 def _np(x: Any) -> np.ndarray:
@@ -71,6 +82,33 @@ def step_files(out_dir: str | Path, step: int) -> tuple[Path, Path]:
     """The ``(trajectories, tokens)`` paths of ``step`` in ``out_dir``."""
     d = Path(out_dir)
     return d / f"step_{step:08d}.trajectories.parquet", d / f"step_{step:08d}.tokens.parquet"
+
+
+def side_file(out_dir: str | Path, step: int) -> Path:
+    """The side-file path of ``step`` in ``out_dir`` (per-token rewards and log-probs)."""
+    return Path(out_dir) / f"step_{step:08d}.side.parquet"
+
+
+def _side_table(f: dict[str, Any], b: int, r: int, p: int, att: np.ndarray, tids: list[str]) -> Any:
+    """The side table (see the module docstring), or None when the batch has none of its fields."""
+    import polars as pl
+
+    cols: dict[str, np.ndarray] = {}
+    for col, keys in SIDE_COLUMNS.items():
+        key = next((k for k in keys if f.get(k) is not None), None)
+        if key is not None:
+            x = _np(f[key]).astype(np.float64).reshape(b, -1)
+            if x.shape != (b, r):
+                raise ValueError(f"{key} shape {x.shape} != responses shape {(b, r)}")
+            cols[col] = np.concatenate([np.full((b, p), np.nan), x], axis=1)[att]
+    if not cols:
+        return None
+    n = att.sum(axis=1)
+    return pl.DataFrame({
+        "trajectory_id": np.repeat(np.asarray(tids, dtype=object), n).tolist(),
+        "position": np.concatenate([np.arange(k) for k in n]).astype(np.int32) if b else np.zeros(0, np.int32),
+        **{c: pl.Series(c, v).fill_nan(None) for c, v in cols.items()},
+    })
 
 
 def dump_verl_batch(batch_or_dict: Any, out_dir: str | Path, *, step: int, source: str = "verl") -> tuple[Path, Path]:
@@ -130,4 +168,8 @@ def dump_verl_batch(batch_or_dict: Any, out_dir: str | Path, *, step: int, sourc
             reward=reward, success=None if reward is None else success_of(reward, None), group_id=uids[i] if uids else None,
             checkpoint=str(step), source=source, metadata={"row": i}))
     trajs, tokens = sequences_to_tables(seqs)
-    return write_tables(out_dir, trajs, tokens, prefix=f"step_{step:08d}.")  # tokens last: complete pairs
+    out = Path(out_dir)
+    side = _side_table(f, b, r, p, att, [s.trajectory_id for s in seqs])
+    if side is not None:  # before the tables: a reader that sees the tokens file sees its side file
+        write_parquet_atomic(side, side_file(out, step))
+    return write_tables(out, trajs, tokens, prefix=f"step_{step:08d}.")  # tokens last: complete pairs

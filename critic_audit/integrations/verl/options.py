@@ -26,6 +26,9 @@ key                     used by                   meaning
                                                   token; counted as a step metric)
 ``dump_dir``            trainer                   folder of the per-step rollout tables ('' = none)
 ``dump_every``          trainer                   write the rollouts every N steps (1)
+``check``               trainer                   run ``critic-audit check`` on each batch, log it as
+                                                  ``critic_audit/check/*`` metrics (false)
+``check_every``         trainer                   check every N steps (1)
 ======================  ========================  =====================================================
 
 gamma comes from verl's ``algorithm.gamma``; the clip range from ``actor.clip_ratio_low`` /
@@ -58,6 +61,8 @@ KNOWN_KEYS: dict[str, type | tuple[type, ...]] = {
     "masked_rewards": str,
     "dump_dir": str,
     "dump_every": int,
+    "check": bool,
+    "check_every": int,
 }
 
 
@@ -90,7 +95,8 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("lam", "lam_intra", "lam_critic", "lam_actor"):
         if key in out and not 0.0 <= out[key] <= 1.0:
             raise ConfigError(f"critic_audit.{key} = {out[key]} is outside [0, 1]", fix=f"set critic_audit.{key} in [0, 1]")
-    for key, bound in (("beta", ">= 0"), ("alpha", "> 0"), ("log_ratio_clamp", "> 0"), ("dump_every", ">= 1")):
+    for key, bound in (("beta", ">= 0"), ("alpha", "> 0"), ("log_ratio_clamp", "> 0"), ("dump_every", ">= 1"),
+                       ("check_every", ">= 1")):
         if key in out and (out[key] < 0 or (out[key] == 0 and bound != ">= 0")):
             fix = "leave critic_audit.dump_dir unset to write no rollouts" if key == "dump_every" else f"set it {bound}"
             raise ConfigError(f"critic_audit.{key} = {out[key]} must be {bound}", fix=fix)

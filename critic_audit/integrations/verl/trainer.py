@@ -121,13 +121,13 @@ def _rows(x: Any) -> list[torch.Tensor]:
 def jagged_to_padded(prompts: Sequence[Any] | torch.Tensor, responses: Sequence[Any] | torch.Tensor,
                      response_mask: Sequence[Any] | torch.Tensor, values: Sequence[Any] | torch.Tensor | None = None,
                      token_level_rewards: Sequence[Any] | torch.Tensor | None = None,
-                     uid: Sequence[Any] | None = None) -> dict[str, Any]:
+                     uid: Sequence[Any] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """verl v1's per-row (jagged) fields as the padded batch :func:`dump_verl_batch` reads.
 
     Prompts are left-padded and responses right-padded (verl's layout); ``attention_mask`` marks the
     real tokens. Shapes out: ``input_ids`` / ``attention_mask`` (B, P+R), ``responses`` /
     ``response_mask`` / ``values`` / ``token_level_rewards`` (B, R), P and R the longest prompt and
-    response.
+    response; ``extra`` per-response-token fields (``old_log_probs``, ...) come out (B, R) float too.
     """
     p_rows, r_rows, m_rows = _rows(prompts), _rows(responses), _rows(response_mask)
     b = len(r_rows)
@@ -146,7 +146,7 @@ def jagged_to_padded(prompts: Sequence[Any] | torch.Tensor, responses: Sequence[
         resp[i, :len(r)] = r
         rmask[i, :len(r)] = m_rows[i].long()[:len(r)]
     out.update(input_ids=input_ids, attention_mask=attention, responses=resp, response_mask=rmask)
-    for key, rows in (("values", values), ("token_level_rewards", token_level_rewards)):
+    for key, rows in (("values", values), ("token_level_rewards", token_level_rewards), *(extra or {}).items()):
         if rows is None:
             continue
         t = torch.zeros(b, R, dtype=torch.float32)
@@ -163,6 +163,11 @@ def _dump_due(step: int, options: dict[str, Any]) -> bool:
     return bool(options.get("dump_dir")) and every > 0 and step % every == 0
 
 
+def _check_due(step: int, options: dict[str, Any]) -> bool:
+    every = int(options.get("check_every", 1) or 0)
+    return bool(options.get("check")) and every > 0 and step % every == 0
+
+
 # ----------------------------------------------------------------------------------------------
 # the trainer
 # ----------------------------------------------------------------------------------------------
@@ -176,6 +181,9 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
     _IMPORT_ERROR: ImportError | None = _e
 else:
     _IMPORT_ERROR = None
+
+#: per-token fields carried into the dumps' side files and the batch checks
+_LOGPROB_FIELDS = ("old_log_probs", "rollout_log_probs")
 
 if PPOTrainerSync is not None:
 
@@ -194,19 +202,26 @@ if PPOTrainerSync is not None:
                 metrics.update(plugin.masked_reward_metrics())  # rewards moved / dropped this step
             if _dump_due(self.global_steps, options):
                 self._dump_rollouts(batch, options["dump_dir"])
+            if _check_due(self.global_steps, options):  # critic-audit check on the batch, as metrics
+                from critic_audit.check import check_verl_batch
+
+                metrics.update(check_verl_batch(self._padded(batch)).metrics())
             return batch
 
-        def _dump_rollouts(self, batch, dump_dir: str) -> None:
-            fields = ["uid", "prompts", "responses", "response_mask", "values", "rm_scores"]
+        def _padded(self, batch) -> dict[str, Any]:
+            fields = ["uid", "prompts", "responses", "response_mask", "values", "rm_scores", *_LOGPROB_FIELDS]
             have = set(getattr(batch, "fields", None) or fields)
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                    select_fields=[f for f in fields if f in have] or fields)
-            padded = jagged_to_padded(
+            return jagged_to_padded(
                 data["prompts"], data["responses"], data["response_mask"],
                 values=data.get("values", None), token_level_rewards=data.get("rm_scores", None),
                 uid=data["uid"].tolist() if "uid" in data.keys() else None,
+                extra={k: data[k] for k in _LOGPROB_FIELDS if k in data.keys()},
             )
-            paths = dump_verl_batch(padded, dump_dir, step=int(self.global_steps))
+
+        def _dump_rollouts(self, batch, dump_dir: str) -> None:
+            paths = dump_verl_batch(self._padded(batch), dump_dir, step=int(self.global_steps))
             log.info("critic-audit: rollouts of step %d written to %s", self.global_steps, paths[1])
 else:  # pragma: no cover
     CriticAuditPPOTrainer = None

@@ -1,0 +1,241 @@
+"""Types shared by the checks of ``critic-audit check``: the thresholds (:class:`CheckConfig`), one
+check's result (:class:`CheckOutcome` with :class:`Example` records), the whole report
+(:class:`CheckReport`) and what the checks share (:class:`CheckContext`).
+
+Glossary: B trajectories, T tokens, K turns (turn k = the k-th maximal run of ``response_mask == 1``),
+G rollouts per group. Log-probabilities in nats; ``delta = trainer - sampler`` log-prob of a policy
+token, its importance weight ``w = exp(delta)`` (sampler -> trainer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from critic_audit.check.data import CheckRollout
+from critic_audit.check.markers import TurnMarkers
+from critic_audit.errors import ConfigError
+
+__all__ = ["CheckConfig", "CheckContext", "CheckOutcome", "CheckReport", "Example", "REWARD_LAYOUTS", "STATUSES",
+           "PASS", "WARN", "FAIL", "SKIP"]
+
+PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skipped"
+#: Status of a check, worst last (``skipped`` ranks below ``pass``: it says nothing).
+STATUSES = (SKIP, PASS, WARN, FAIL)
+#: How many rewards a turn may carry: ``turn`` (at most one per turn), ``outcome`` (at most one per
+#: trajectory), ``token`` (dense per-token rewards, e.g. KL-shaped: not checked).
+REWARD_LAYOUTS = ("turn", "outcome", "token")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckConfig:
+    """Thresholds of the checks (the defaults are ours, documented in ``docs/check.md``).
+
+    Attributes:
+        reward_layout: one of :data:`REWARD_LAYOUTS` (what "more than one reward" means).
+        reward_atol: rewards and sums closer than ``reward_atol * (1 + |outcome|)`` are equal.
+        max_turn_tokens: the sampler's per-turn generation limit (``max_tokens``, verl
+            ``rollout.response_length`` per turn); None: the length-limit check is skipped.
+        weight_floor: a product importance weight ``exp(sum delta)`` below ``weight_floor`` or above
+            ``1 / weight_floor`` has collapsed (fail for a trajectory, warn for a turn); 0 disables.
+        kl_warn: mean per-token k3 KL estimate above which the log-prob check warns.
+        delta_warn: largest |delta| (nats) above which the log-prob check warns.
+        length_ratio_warn: longest / shortest turn of one trajectory above which lengths warn.
+        baseline_bias_warn: |per-turn - per-trajectory group baseline| as a share of the group's
+            reward range above which the group check warns.
+        logprob_atol: a log-prob above ``logprob_atol`` is impossible (log p <= 0): a placeholder.
+        examples: worst examples kept per check.
+    """
+
+    reward_layout: str = "turn"
+    reward_atol: float = 1e-6
+    max_turn_tokens: int | None = None
+    weight_floor: float = 0.1
+    kl_warn: float = 1e-3
+    delta_warn: float = 1.0
+    length_ratio_warn: float = 100.0
+    baseline_bias_warn: float = 0.1
+    logprob_atol: float = 1e-6
+    examples: int = 5
+
+    def __post_init__(self) -> None:
+        if self.reward_layout not in REWARD_LAYOUTS:
+            raise ConfigError(f"unknown reward layout {self.reward_layout!r}", fix=f"use one of {list(REWARD_LAYOUTS)}")
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            raise ConfigError(f"--max-turn-tokens {self.max_turn_tokens} must be >= 1")
+        if not 0.0 <= self.weight_floor < 1.0:
+            raise ConfigError(f"--weight-floor {self.weight_floor} must be in [0, 1)", fix="use e.g. 0.1, or 0 to disable")
+        for name in ("reward_atol", "kl_warn", "delta_warn", "baseline_bias_warn", "logprob_atol"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ConfigError(f"{name} = {v!r} must be a finite number >= 0")
+        if self.length_ratio_warn < 1:
+            raise ConfigError(f"length_ratio_warn = {self.length_ratio_warn} must be >= 1")
+        if self.examples < 0:
+            raise ConfigError(f"examples = {self.examples} must be >= 0")
+
+
+@dataclasses.dataclass
+class Example:
+    """One offending place: trajectory, turn k (None: not about one turn), token position t (None:
+    not about one token), and what is wrong there."""
+
+    trajectory_id: str
+    turn: int | None
+    position: int | None
+    detail: str
+    weight: float = 0.0  # how bad (for ordering); not reported
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trajectory_id": self.trajectory_id, "turn": self.turn, "position": self.position,
+                "detail": self.detail}
+
+
+@dataclasses.dataclass
+class CheckOutcome:
+    """The result of one check.
+
+    Attributes:
+        id: stable check id (``reward_on_masked_token``, ...).
+        group: rewards, masks, tokens, logprobs or groups.
+        title: one line saying what is checked.
+        status: one of :data:`STATUSES`.
+        summary: one line with the headline count.
+        counts: integer counts, always with the coverage (``trajectories_checked``).
+        measured: figures (floats; None where undefined).
+        examples: the worst :class:`Example` records, worst first.
+        fix: what to change when it fires.
+        references: public reports of this bug (``docs/check.md``).
+        reason: why it was skipped (``skipped`` only).
+    """
+
+    id: str
+    group: str
+    title: str
+    status: str
+    summary: str = ""
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    measured: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    examples: list[Example] = dataclasses.field(default_factory=list)
+    fix: str = ""
+    references: tuple[str, ...] = ()
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "group": self.group, "title": self.title, "status": self.status,
+                "summary": self.summary, "counts": dict(self.counts), "measured": dict(self.measured),
+                "examples": [e.as_dict() for e in self.examples], "fix": self.fix,
+                "references": list(self.references), "reason": self.reason}
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """Every check on one set of rollouts.
+
+    Attributes:
+        checks: the outcomes, in :data:`CHECKS` order.
+        n_trajectories: B, the rollouts read.
+        notes: caveats that apply to the whole run (e.g. the trainer log-probs were recomputed).
+        config: the :class:`CheckConfig` used, as a dict.
+    """
+
+    checks: list[CheckOutcome]
+    n_trajectories: int
+    notes: list[str] = dataclasses.field(default_factory=list)
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """The worst status of any check (``skipped`` when every check was skipped)."""
+        return max((c.status for c in self.checks), key=STATUSES.index, default=SKIP)
+
+    def counts_by_status(self) -> dict[str, int]:
+        return {s: sum(c.status == s for c in self.checks) for s in (FAIL, WARN, PASS, SKIP)}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "n_trajectories": self.n_trajectories,
+                "checks_by_status": self.counts_by_status(), "checks": [c.as_dict() for c in self.checks],
+                "notes": list(self.notes), "config": dict(self.config)}
+
+    def metrics(self, prefix: str = "critic_audit/check") -> dict[str, float]:
+        """Flat float metrics for a training logger: ``{prefix}/{id}/status`` (0 pass, 1 warn, 2 fail;
+        skipped checks are left out) and every count and figure as ``{prefix}/{id}/{name}``."""
+        out: dict[str, float] = {}
+        for c in self.checks:
+            if c.status == SKIP:
+                continue
+            out[f"{prefix}/{c.id}/status"] = float(STATUSES.index(c.status) - 1)
+            for k, v in {**c.counts, **c.measured}.items():
+                if v is not None and math.isfinite(float(v)):
+                    out[f"{prefix}/{c.id}/{k}"] = float(v)
+        return out
+
+
+@dataclasses.dataclass
+class CheckContext:
+    """What the checks share: config, and (with a tokenizer) the template's turn markers."""
+
+    config: CheckConfig
+    tokenizer: Any = None
+    chat_template: str | None = None
+    markers: TurnMarkers | None = None
+    markers_reason: str = "needs --tokenizer (the chat template's turn tokens)"
+
+    def decode(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return str(token_id)
+        return repr(self.tokenizer.decode([int(token_id)]))
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _outcome(id_: str, group: str, title: str, fix: str, refs: tuple[str, ...]) -> Callable[..., CheckOutcome]:
+    def make(status: str, *, summary: str = "", counts: dict | None = None, measured: dict | None = None,
+             examples: Sequence[Example] = (), reason: str = "", n: int = 5) -> CheckOutcome:
+        worst = sorted(examples, key=lambda e: -e.weight)[:n]
+        return CheckOutcome(id_, group, title, status, summary or reason, dict(counts or {}), dict(measured or {}),
+                            worst, fix, refs, reason)
+
+    return make
+
+
+def _share(a: float, b: float) -> float | None:
+    return (a / b) if b else None
+
+
+def _prev_turn(k: np.ndarray, pos: int) -> int | None:
+    """The turn of the last policy token at or before ``pos`` (None: before the first)."""
+    before = k[: pos + 1]
+    before = before[before >= 0]
+    return int(before[-1]) if before.size else None
+
+
+def _with(rollouts: Sequence[CheckRollout], *fields: str) -> list[CheckRollout]:
+    return [r for r in rollouts if all(getattr(r, f) is not None for f in fields)]
+
+
+def _groups(rollouts: Sequence[CheckRollout], keep: Callable[[CheckRollout], bool]):
+    """``(all groups, groups of >= 2)``: group id -> its rollouts that ``keep`` accepts."""
+    groups: dict[str, list[CheckRollout]] = defaultdict(list)
+    for r in rollouts:
+        if r.group_id is not None and keep(r):
+            groups[r.group_id].append(r)
+    return groups, {g: rs for g, rs in groups.items() if len(rs) >= 2}
+
+
+def _nz(x: np.ndarray) -> np.ndarray:
+    return np.nan_to_num(np.asarray(x, dtype=np.float64))
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _median(xs: list[float]) -> float | None:
+    return float(np.median(xs)) if xs else None

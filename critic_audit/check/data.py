@@ -1,0 +1,340 @@
+"""Rollouts as ``critic-audit check`` sees them: one :class:`CheckRollout` per trajectory, from every
+format ``analyze`` reads (conversations, tokenized rows, canonical tables, verl dumps) and from a verl
+batch.
+
+Glossary: T tokens of one trajectory, K turns (turn k = the k-th maximal run of ``response_mask == 1``,
+verl's convention), G rollouts per group. Log-probabilities in nats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from critic_audit.io.common import InputOptions, ReadReport
+from critic_audit.io.chat import ChatReadOptions
+from critic_audit.schema import Conversation
+
+__all__ = ["CheckRollout", "load_rollouts", "rollouts_from_verl_batch", "turn_ids", "TURN_REWARD_KEYS",
+           "TRUNCATION_KEYS"]
+
+#: Record fields holding a per-turn reward series (one number per assistant turn), first present wins.
+TURN_REWARD_KEYS = ("turn_rewards", "step_rewards", "per_turn_rewards")
+#: Record fields that mark a trajectory as truncated: booleans, or a finish / stop reason.
+TRUNCATION_KEYS = ("truncated", "is_truncated", "finish_reason", "stop_reason", "termination_reason")
+#: Finish / stop reasons that mean "cut at a length limit".
+_LENGTH_REASONS = ("length", "max_tokens", "max_length", "truncated", "context_length", "exit_context")
+
+
+def turn_ids(response_mask: np.ndarray) -> np.ndarray:
+    """(T,) int64 turn index k at policy tokens (k-th run of 1s), -1 elsewhere (numpy twin of
+    :func:`critic_audit.rl.turn_ids_from_mask`)."""
+    m = np.asarray(response_mask, dtype=bool)
+    starts = m & ~np.concatenate([[False], m[:-1]]) if m.size else m
+    return np.where(m, np.cumsum(starts) - 1, -1).astype(np.int64)
+
+
+@dataclasses.dataclass
+class CheckRollout:
+    """One trajectory with whatever its format carries (None: the format does not carry it).
+
+    Attributes:
+        trajectory_id: the id (as ``analyze`` reads it).
+        group_id: the prompt / task id shared by the G rollouts of one prompt.
+        reward: the outcome reward (from a scalar field of the record).
+        token_ids: (T,) int64 ids, prompt and tool tokens included.
+        response_mask: (T,) bool, True on tokens the policy generated.
+        mask_from_template: the mask was derived here by rendering the messages with the chat template
+            (so it cannot disagree with the template), not read from the data.
+        token_rewards: (T,) float64, each reward at its own token position (0 / NaN: none).
+        turn_rewards: (K',) float64 per-turn reward series from a field other than the outcome's.
+        sampler_log_probs: (T,) float64 log-probs of the inference engine (verl ``rollout_log_probs``).
+        trainer_log_probs: (T,) float64 log-probs of the training engine (verl ``old_log_probs``).
+        returns: (T,) float64 per-token returns as the trainer computed them.
+        messages: the chat messages (when the record carries them beside the token ids, or is a
+            conversation).
+        truncated: the record says it was cut at a length limit (None: it says nothing).
+        empty_turns: assistant turns with no content and no tool call (conversations only).
+        rewards_on_padding: non-zero rewards the reader found at padding positions (dropped).
+        source: where it was read, for examples.
+    """
+
+    trajectory_id: str
+    group_id: str | None = None
+    reward: float | None = None
+    token_ids: np.ndarray | None = None
+    response_mask: np.ndarray | None = None
+    mask_from_template: bool = False
+    token_rewards: np.ndarray | None = None
+    turn_rewards: np.ndarray | None = None
+    sampler_log_probs: np.ndarray | None = None
+    trainer_log_probs: np.ndarray | None = None
+    returns: np.ndarray | None = None
+    messages: list[dict[str, Any]] | None = None
+    truncated: bool | None = None
+    empty_turns: list[int] | None = None
+    rewards_on_padding: int = 0
+    source: str = ""
+
+    @property
+    def turn_ids(self) -> np.ndarray | None:
+        """(T,) int64 k at policy tokens, -1 elsewhere; None without a mask."""
+        return None if self.response_mask is None else turn_ids(self.response_mask)
+
+    @property
+    def turn_lengths(self) -> np.ndarray | None:
+        """(K,) int64 policy tokens per turn; None without a mask."""
+        if self.response_mask is None:
+            return None
+        t = self.turn_ids
+        return np.bincount(t[t >= 0], minlength=int(t.max()) + 1 if (t >= 0).any() else 0)
+
+    @property
+    def num_turns(self) -> int | None:
+        """K from the mask, else the assistant messages; None when neither is known."""
+        if self.response_mask is not None:
+            return int(len(self.turn_lengths))
+        if self.messages is not None:
+            return sum(1 for m in self.messages if m.get("role") == "assistant")
+        return None
+
+
+# --------------------------------------------------------------------------------------------- fields
+
+
+def _number_list(v: Any) -> np.ndarray | None:
+    if hasattr(v, "tolist") and not isinstance(v, (list, str)):
+        v = v.tolist()
+    if not isinstance(v, list) or not v:
+        return None
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return None
+    return np.asarray(v, dtype=np.float64)
+
+
+def _truncated(meta: Mapping[str, Any]) -> bool | None:
+    found: bool | None = None
+    for where in (meta, meta.get("info") if isinstance(meta.get("info"), Mapping) else {}):
+        for key in (*TRUNCATION_KEYS, "exit_status"):
+            v = where.get(key)
+            if isinstance(v, bool):
+                found = found or v
+            elif isinstance(v, str) and key != "truncated":
+                found = bool(found) or v.strip().lower() in _LENGTH_REASONS
+    return found
+
+
+def _empty_turns(messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    out, k = [], 0
+    for m in messages:
+        if m.get("role") != "assistant":
+            continue
+        content = m.get("content")
+        text = content if isinstance(content, str) else "".join(
+            p.get("text", "") if isinstance(p, Mapping) else str(p) for p in content or [])
+        if not text.strip() and not m.get("tool_calls"):
+            out.append(k)
+        k += 1
+    return out
+
+
+def _from_meta(r: CheckRollout, meta: Mapping[str, Any]) -> CheckRollout:
+    for key in TURN_REWARD_KEYS:
+        series = _number_list(meta.get(key))
+        if series is not None:
+            r.turn_rewards = series
+            break
+    r.truncated = _truncated(meta)
+    msgs = meta.get("messages")
+    if r.messages is None and isinstance(msgs, list) and msgs and all(isinstance(m, Mapping) for m in msgs):
+        r.messages = [dict(m) for m in msgs]
+    if r.messages is not None:
+        r.empty_turns = _empty_turns(r.messages)
+    return r
+
+
+def _nan_to_none(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+# --------------------------------------------------------------------------------------------- readers
+
+
+def _from_conversations(convs: list[Conversation], tokenizer: Any, tokenize_config: Any) -> list[CheckRollout]:
+    out = []
+    for c in convs:
+        r = CheckRollout(c.trajectory_id, group_id=c.group_id, reward=c.reward, messages=list(c.messages),
+                         source=c.record or c.trajectory_id)
+        out.append(_from_meta(r, c.metadata))
+    if tokenizer is not None and convs:
+        from critic_audit.turns import tokenize_conversations
+
+        res = tokenize_conversations(convs, tokenizer, tokenize_config)
+        by_id = {tc.trajectory_id: tc for tc in res.conversations}
+        for r in out:
+            tc = by_id.get(r.trajectory_id)
+            if tc is not None:
+                r.token_ids, r.response_mask = tc.input_ids.astype(np.int64), tc.response_mask.astype(bool)
+                r.mask_from_template = True
+                if tc.truncated:
+                    r.truncated = True
+    return out
+
+
+def _from_sequence(seq: Any) -> CheckRollout:
+    arrays = seq.token_arrays
+    meta = seq.metadata
+    r = CheckRollout(seq.trajectory_id, group_id=seq.group_id, reward=seq.reward,
+                     token_ids=np.asarray(seq.token_ids, dtype=np.int64),
+                     response_mask=np.asarray(seq.response_mask, dtype=bool),
+                     token_rewards=arrays.get("token_rewards"), sampler_log_probs=arrays.get("rollout_log_probs"),
+                     trainer_log_probs=arrays.get("old_log_probs"), returns=arrays.get("returns"),
+                     rewards_on_padding=int(meta.get("rewards_on_padding", 0) or 0), source=seq.trajectory_id)
+    _from_meta(r, meta)
+    if r.turn_rewards is None and r.token_rewards is not None and r.reward is not None \
+            and meta.get("token_rewards_field") in ("token_level_rewards", "token_level_scores"):
+        # the outcome comes from another field than the per-token rewards: their per-turn sums are a
+        # series to hold against it (a reward on a masked token belongs to no turn and is left out)
+        k = r.turn_ids
+        r.turn_rewards = np.bincount(k[k >= 0], weights=np.nan_to_num(r.token_rewards[k >= 0]),
+                                     minlength=int(k.max()) + 1 if (k >= 0).any() else 0)
+    return r
+
+
+def _from_tables(trajs: Any, tokens: Any, side: Any) -> list[CheckRollout]:
+    import polars as pl
+
+    if side is not None:
+        tokens = tokens.join(side, on=["trajectory_id", "position"], how="left")
+    tokens = tokens.sort(["trajectory_id", "position"])
+    info = {row["trajectory_id"]: row for row in trajs.iter_rows(named=True)}
+    out = []
+    for part in tokens.partition_by("trajectory_id", maintain_order=True):
+        tid = part["trajectory_id"][0]
+        row = info.get(tid, {})
+        try:
+            meta = json.loads(row.get("metadata") or "{}")
+        except (TypeError, ValueError):
+            meta = {}
+        col = (lambda c: part[c].cast(pl.Float64).fill_null(np.nan).to_numpy() if c in part.columns else None)
+        r = CheckRollout(tid, group_id=row.get("group_id"), reward=_nan_to_none(row.get("reward")),
+                         token_ids=part["token_id"].fill_null(-1).to_numpy().astype(np.int64)
+                         if part["token_id"].null_count() < part.height else None,
+                         response_mask=part["response_mask"].fill_null(False).to_numpy().astype(bool),
+                         token_rewards=col("token_reward"), sampler_log_probs=col("rollout_log_prob"),
+                         trainer_log_probs=col("old_log_prob"), returns=col("return"), source=tid)
+        out.append(_from_meta(r, meta if isinstance(meta, Mapping) else {}))
+    return out
+
+
+def _side_tables(path: Path) -> Any:
+    """The side files of a verl dump folder (:func:`critic_audit.io.verl_dump.side_file`), or None."""
+    import polars as pl
+
+    files = sorted(path.glob("step_*.side.parquet")) if path.is_dir() else []
+    if not files:
+        return None
+    from critic_audit.errors import InputError
+
+    try:
+        return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed")
+    except Exception as e:  # polars / pyarrow raise many types for a corrupt file
+        raise InputError(f"cannot read the side files ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
+                         path=path, fix="re-write the steps with dump_verl_batch, or delete the *.side.parquet files") from None
+
+
+def load_rollouts(
+    paths: Sequence[str | Path],
+    *,
+    read_options: ChatReadOptions | None = None,
+    input_options: InputOptions | None = None,
+    tokenizer: Any = None,
+    tokenize_config: Any = None,
+    report: ReadReport | None = None,
+) -> list[CheckRollout]:
+    """Read rollouts of every format ``analyze`` reads into :class:`CheckRollout` records.
+
+    Conversations (chat, responses, react, swe) keep their messages; with ``tokenizer`` they are also
+    rendered with its chat template (:mod:`critic_audit.turns`) to get token ids, mask and turn
+    lengths. Tokenized rows keep their per-token rewards and log-probs
+    (:attr:`critic_audit.io.tokenized.TokenSequence.token_arrays`); canonical tables and verl dump
+    folders are joined with the dump's side files when present.
+
+    Raises:
+        InputError: a file cannot be read, a bad record (strict mode), or ids repeat across inputs.
+        TemplateError: the tokenizer's chat template cannot render the conversations.
+    """
+    from critic_audit.errors import InputError
+    from critic_audit.io import iter_tokenized
+    from critic_audit.io.detect import CONVERSATION_FORMATS
+    from critic_audit.turns import TokenizeConfig
+    from critic_audit.workflow import input_format, read_inputs, read_tables
+
+    ropts = read_options or ChatReadOptions(require_reward=False)
+    iopts = input_options or InputOptions()
+    rep = report if report is not None else ReadReport()
+    out: list[CheckRollout] = []
+    for p in paths:
+        p = Path(p)
+        fmt = input_format(p, iopts, ropts)
+        if fmt in CONVERSATION_FORMATS:
+            convs = read_inputs([p], ropts, input_options=iopts, report=rep)
+            out += _from_conversations(convs, tokenizer, tokenize_config or TokenizeConfig())
+        elif fmt == "tokenized" and not (p.is_dir() and any(p.glob("step_*.tokens.parquet"))):
+            rep.formats[str(p)] = fmt
+            out += [_from_sequence(s) for s in iter_tokenized(p, ropts, iopts, rep)]
+        else:
+            trajs, tokens, _ = read_tables(p, read_options=ropts, input_options=iopts, report=rep)
+            out += _from_tables(trajs, tokens, _side_tables(p))
+    seen: set[str] = set()
+    for r in out:
+        if r.trajectory_id in seen:
+            raise InputError(f"trajectory id {r.trajectory_id!r} appears in more than one input",
+                             fix="give every rollout a unique id (or check the inputs one at a time)")
+        seen.add(r.trajectory_id)
+    return out
+
+
+def rollouts_from_verl_batch(batch: Any) -> list[CheckRollout]:
+    """:class:`CheckRollout` records of one verl batch (``DataProto`` or a dict of tensors, the fields
+    :func:`critic_audit.io.verl_dump.dump_verl_batch` reads, plus ``old_log_probs``,
+    ``rollout_log_probs`` and ``returns`` when present). Rows are ``row{i}``; ``uid`` is the group.
+
+    Raises:
+        ValueError: a missing field or inconsistent shapes (a programming error in the caller).
+    """
+    from critic_audit.io.verl_dump import SIDE_COLUMNS, _fields, _np
+
+    f = _fields(batch)
+    if "responses" not in f or "response_mask" not in f and "attention_mask" not in f:
+        raise ValueError("a verl batch needs 'responses' and 'response_mask' (or 'attention_mask')")
+    resp = _np(f["responses"]).astype(np.int64)
+    b, r_len = resp.shape
+    att = _np(f["attention_mask"]).astype(bool)[:, -r_len:] if "attention_mask" in f else np.ones((b, r_len), bool)
+    mask = _np(f["response_mask"]).astype(bool) if "response_mask" in f else att
+    arrays = {}
+    for col, keys in SIDE_COLUMNS.items():
+        key = next((k for k in keys if f.get(k) is not None), None)
+        if key is not None:
+            arrays[col] = _np(f[key]).astype(np.float64).reshape(b, r_len)
+    uid = f.get("uid")
+    uids = None if uid is None else [str(u) for u in list(_np(uid).reshape(-1))]
+    out = []
+    for i in range(b):
+        keep = att[i]
+        get = (lambda c: arrays[c][i][keep] if c in arrays else None)
+        tr = get("token_reward")
+        out.append(CheckRollout(
+            f"row{i}", group_id=uids[i] if uids else None,
+            reward=None if tr is None else float(np.nansum(tr)), token_ids=resp[i][keep],
+            response_mask=mask[i][keep], token_rewards=tr, sampler_log_probs=get("rollout_log_prob"),
+            trainer_log_probs=get("old_log_prob"), returns=get("return"),
+            rewards_on_padding=0 if "token_reward" not in arrays else
+            int(np.count_nonzero(np.nan_to_num(arrays["token_reward"][i][~keep]))), source=f"row {i}"))
+    return out

@@ -1,0 +1,106 @@
+"""``check --policy CHECKPOINT``: the trainer-side log-probs recomputed with a causal LM, through the
+critic's scoring machinery (:func:`critic_audit.critic.infer.iter_hidden_batches`: length-sorted
+batches under a token budget, right padding, the t-1 convention).
+
+``log_probs[t] = log softmax(lm_head(h[t-1]))[ids[t]]`` for ``t >= 1``, NaN at ``t = 0``: the log-prob
+of token t given the tokens before it, as verl's ``old_log_probs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["load_policy", "policy_log_probs", "apply_policy"]
+
+
+def load_policy(path: str | Path, *, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False):
+    """A Hugging Face causal LM folder -> ``(model, tokenizer, device)`` in eval mode.
+
+    Raises:
+        CheckpointError: no model config, or the folder holds no causal-LM weights.
+        ConfigError: a bad device or dtype.
+    """
+    from critic_audit.critic.load import load_tokenizer, quiet_transformers, read_config, resolve_device, resolve_dtype
+    from critic_audit.errors import CheckpointError
+
+    p = Path(path)
+    read_config(p, trust_remote_code=trust_remote_code)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(p, torch_dtype=dt, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot load a causal LM ({str(e).splitlines()[0]})", path=p,
+                              fix="pass the policy checkpoint folder (config.json + weights of a causal LM)") from None
+    model.to(dev).eval()
+    return model, load_tokenizer(p, trust_remote_code=trust_remote_code), dev
+
+
+def policy_log_probs(model: Any, device: Any, sequences: Sequence[np.ndarray], *, token_budget: int = 16384,
+                     pad_id: int = 0, chunk: int = 2048) -> list[np.ndarray]:
+    """Per-token log-probs (T,) float64 of each token-id sequence under ``model`` (NaN at t = 0).
+
+    Logits are formed ``chunk`` positions at a time (rows x chunk x vocabulary floats), never for a
+    whole batch at once.
+
+    Raises:
+        ConfigError: ``token_budget < 1``.
+    """
+    import torch
+
+    from critic_audit.critic.infer import iter_hidden_batches
+
+    backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    head = model.get_output_embeddings()
+    out = [np.full(len(s), np.nan) for s in sequences]
+    with torch.inference_mode():
+        for idx, h, lens in iter_hidden_batches(backbone, device, sequences, token_budget=token_budget, pad_id=pad_id):
+            for r, i in enumerate(idx):
+                n = lens[r]
+                target = torch.as_tensor(np.asarray(sequences[i][1:n + 1], dtype=np.int64), device=h.device)
+                for a in range(0, n, chunk):
+                    logits = head(h[r, a:a + chunk].to(head.weight.dtype)).float()
+                    lp = torch.log_softmax(logits, dim=-1).gather(1, target[a:a + chunk, None])[:, 0]
+                    out[i][1 + a:1 + a + len(lp)] = lp.double().cpu().numpy()
+    return out
+
+
+def apply_policy(rollouts: Sequence[Any], path: str | Path, *, device: str = "auto", dtype: str = "auto",
+                 token_budget: int = 16384, trust_remote_code: bool = False) -> str:
+    """Replace each rollout's ``trainer_log_probs`` by the policy's (rollouts with token ids only).
+
+    Returns:
+        A note for the report (what was recomputed, on which device and dtype).
+
+    Raises:
+        CheckpointError, ConfigError: see :func:`load_policy`; ConfigError also when token ids fall
+        outside the policy's vocabulary (another tokenizer made them) or a rollout is longer than its
+        context.
+    """
+    from critic_audit.errors import ConfigError
+
+    model, tok, dev = load_policy(path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    todo = [r for r in rollouts if r.token_ids is not None and len(r.token_ids) >= 2]
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    bad = next((r for r in todo if r.token_ids.min() < 0 or r.token_ids.max() >= vocab), None)
+    if bad is not None:
+        raise ConfigError(f"trajectory {bad.trajectory_id!r} has token ids outside the policy's vocabulary of {vocab}",
+                          fix="pass the checkpoint whose tokenizer produced these ids")
+    ctx_len = getattr(model.config, "max_position_embeddings", None)
+    long = next((r for r in todo if ctx_len and len(r.token_ids) > ctx_len), None)
+    if long is not None:
+        raise ConfigError(f"trajectory {long.trajectory_id!r} has {len(long.token_ids)} tokens, more than the policy's "
+                          f"context of {ctx_len}", fix="pass the policy checkpoint the rollouts were sampled from")
+    lps = policy_log_probs(model, dev, [r.token_ids for r in todo], token_budget=token_budget,
+                           pad_id=getattr(tok, "pad_token_id", None) or 0)
+    for r, lp in zip(todo, lps):
+        r.trainer_log_probs = lp
+    return (f"trainer log-probs recomputed with --policy {path} on {len(todo)} trajectories "
+            f"({dev}, {str(next(model.parameters()).dtype).replace('torch.', '')})")
