@@ -467,7 +467,7 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
     report_out: Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON report to this file (atomically).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit non-zero on warnings too.")] = False,
-    input_format: Annotated[str, typer.Option("--format", help="Input format: auto, chat, responses, react, swe, tokenized.")] = "auto",
+    input_format: Annotated[str, typer.Option("--format", help=format_help())] = "auto",
     lenient: Annotated[bool, typer.Option("--lenient", help="Skip bad records (counted in the report notes).")] = False,
     chat_template: ChatTemplate = None,
     messages_key: MessagesKey = None,
@@ -482,15 +482,13 @@ def check(
     """Check rollouts for credit-assignment bugs (no critic): exit 2 when a fail-level check fires (docs/check.md)."""
     try:
         from critic_audit.check import CheckConfig, check_rollouts, write_report
-        from critic_audit.io.chat import ChatReadOptions
-        from critic_audit.io.common import InputOptions
+        from critic_audit.io.records import ReadOptions
 
         cfg = CheckConfig(reward_layout=reward_layout, max_turn_tokens=max_turn_tokens, weight_floor=weight_floor,
                           examples=examples)
-        read_opts = ChatReadOptions(messages_key=messages_key, reward_key=reward_key, id_key=id_key,
-                                    group_key=group_key, require_reward=False)
+        read_opts = ReadOptions(format=input_format, messages_key=messages_key, reward_key=reward_key, id_key=id_key,
+                                group_key=group_key, require_reward=False, lenient=lenient)
         report = check_rollouts(inputs, cfg, read_options=read_opts,
-                                input_options=InputOptions(format=input_format, lenient=lenient),
                                 tokenizer=tokenizer, chat_template=_read_template(chat_template), policy=policy,
                                 device=device, dtype=dtype, token_budget=token_budget,
                                 trust_remote_code=trust_remote_code)

@@ -30,7 +30,6 @@ def check_rollouts(
     config: CheckConfig | None = None,
     *,
     read_options: Any = None,
-    input_options: Any = None,
     tokenizer: str | Path | None = None,
     chat_template: str | None = None,
     policy: str | Path | None = None,
@@ -44,8 +43,8 @@ def check_rollouts(
     Args:
         inputs: rollout files or folders.
         config: :class:`CheckConfig`.
-        read_options, input_options: :class:`critic_audit.io.ChatReadOptions` /
-            :class:`critic_audit.io.InputOptions` (a reward is not required).
+        read_options: :class:`critic_audit.io.records.ReadOptions` (format, keys, lenient; default: a
+            reward is not required).
         tokenizer: a folder with the tokenizer (and chat template) the rollouts were made with; the
             policy's when ``policy`` is given and this is not.
         chat_template: a Jinja template replacing the tokenizer's.
@@ -56,7 +55,7 @@ def check_rollouts(
         InputError, SchemaError: unreadable input. CheckpointError: a bad tokenizer / policy folder.
         TemplateError: a chat template that cannot render the conversations.
     """
-    from critic_audit.io.common import ReadReport
+    from critic_audit.io.records import ReadReport
     from critic_audit.turns import TokenizeConfig
 
     tok = None
@@ -64,7 +63,7 @@ def check_rollouts(
     if tok_path is not None:
         tok = _load_tokenizer(Path(tok_path), trust_remote_code)
     report = ReadReport()
-    rollouts = load_rollouts(inputs, read_options=read_options, input_options=input_options, tokenizer=tok,
+    rollouts = load_rollouts(inputs, read_options=read_options, tokenizer=tok,
                              tokenize_config=TokenizeConfig(chat_template=chat_template), report=report)
     notes = []
     if report.skipped:

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from critic_audit.io.common import InputOptions, ReadReport
-from critic_audit.io.chat import ChatReadOptions
+from critic_audit.io.records import ReadOptions, ReadReport
 from critic_audit.schema import Conversation
 
 __all__ = ["CheckRollout", "load_rollouts", "rollouts_from_verl_batch", "turn_ids", "TURN_REWARD_KEYS",
@@ -243,7 +242,9 @@ def _side_tables(path: Path) -> Any:
     from critic_audit.errors import InputError
 
     try:
-        return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed")
+        from critic_audit.schema import read_parquet
+
+        return pl.concat([read_parquet(f) for f in files], how="diagonal_relaxed")
     except Exception as e:  # polars / pyarrow raise many types for a corrupt file
         raise InputError(f"cannot read the side files ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
                          path=path, fix="re-write the steps with dump_verl_batch, or delete the *.side.parquet files") from None
@@ -252,17 +253,18 @@ def _side_tables(path: Path) -> Any:
 def load_rollouts(
     paths: Sequence[str | Path],
     *,
-    read_options: ChatReadOptions | None = None,
-    input_options: InputOptions | None = None,
+    read_options: ReadOptions | None = None,
     tokenizer: Any = None,
     tokenize_config: Any = None,
     report: ReadReport | None = None,
 ) -> list[CheckRollout]:
     """Read rollouts of every format ``analyze`` reads into :class:`CheckRollout` records.
 
-    Conversations (chat, responses, react, swe) keep their messages; with ``tokenizer`` they are also
-    rendered with its chat template (:mod:`critic_audit.turns`) to get token ids, mask and turn
-    lengths. Tokenized rows keep their per-token rewards and log-probs
+    Each input is resolved once (:func:`critic_audit.io.detect.resolve_inputs`: format per file,
+    folders searched recursively, stray files skipped and counted). Conversations (chat, responses,
+    react, swe, ATIF without token ids) keep their messages; with ``tokenizer`` they are also rendered
+    with its chat template (:mod:`critic_audit.turns`) to get token ids, mask and turn lengths.
+    Tokenized rows keep their per-token rewards and log-probs
     (:attr:`critic_audit.io.tokenized.TokenSequence.token_arrays`); canonical tables and verl dump
     folders are joined with the dump's side files when present.
 
@@ -271,27 +273,27 @@ def load_rollouts(
         TemplateError: the tokenizer's chat template cannot render the conversations.
     """
     from critic_audit.errors import InputError
-    from critic_audit.io import iter_tokenized
-    from critic_audit.io.detect import CONVERSATION_FORMATS
+    from critic_audit.io.detect import resolve_inputs
+    from critic_audit.io.formats import FORMATS
+    from critic_audit.io.tokenized import iter_sequences
     from critic_audit.turns import TokenizeConfig
-    from critic_audit.workflow import input_format, read_inputs, read_tables
+    from critic_audit.workflow import read_inputs
 
-    ropts = read_options or ChatReadOptions(require_reward=False)
-    iopts = input_options or InputOptions()
+    ropts = read_options or ReadOptions(require_reward=False)
     rep = report if report is not None else ReadReport()
     out: list[CheckRollout] = []
-    for p in paths:
-        p = Path(p)
-        fmt = input_format(p, iopts, ropts)
-        if fmt in CONVERSATION_FORMATS:
-            convs = read_inputs([p], ropts, input_options=iopts, report=rep)
+    for res in resolve_inputs([Path(p) for p in paths], ropts, rep):
+        if any(f.kind == "conversations" for f in res.files):
+            convs = read_inputs([res.path], ropts, report=rep, resolved=[res])
             out += _from_conversations(convs, tokenizer, tokenize_config or TokenizeConfig())
-        elif fmt == "tokenized" and not (p.is_dir() and any(p.glob("step_*.tokens.parquet"))):
-            rep.formats[str(p)] = fmt
-            out += [_from_sequence(s) for s in iter_tokenized(p, ropts, iopts, rep)]
-        else:
-            trajs, tokens, _ = read_tables(p, read_options=ropts, input_options=iopts, report=rep)
-            out += _from_tables(trajs, tokens, _side_tables(p))
+        for spec in res.files:
+            if spec.kind != "tables":
+                continue
+            if spec.format == "tokenized":
+                out += [_from_sequence(s) for s in iter_sequences(spec, ropts, rep)]
+            else:
+                trajs, tokens, _ = FORMATS[spec.format].reader().read_file(spec, ropts, rep)
+                out += _from_tables(trajs, tokens, _side_tables(spec.path))
     seen: set[str] = set()
     for r in out:
         if r.trajectory_id in seen:
