@@ -10,7 +10,7 @@ from matplotlib.patches import Rectangle
 from typer.testing import CliRunner
 
 from critic_audit import plots as P
-from critic_audit.analysis.audit import AuditConfig, audit, recommend
+from critic_audit.analysis.audit import AuditConfig, audit
 from critic_audit.cli import app
 from critic_audit.report import render_folder, report_markdown
 
@@ -83,25 +83,6 @@ def test_turn_position_means():
     want = ok.group_by("trajectory_id").agg(pl.col("value").mean())["value"].mean()
     got = df.filter(pl.col("success") & (pl.col("turn") == 0))["mean"][0]
     assert got == pytest.approx(want, rel=1e-6)
-
-
-@pytest.mark.parametrize("eta,frac,ev,corr,verdict", [
-    (0.9, 0.95, 0.3, 0.6, "turn_level"),
-    (0.9, 0.5, 0.3, 0.6, "multiscale"),
-    (0.2, 0.1, 0.3, 0.6, "token_level"),
-    (0.5, 0.5, 0.3, 0.6, "multiscale"),
-    (0.9, 0.95, -0.1, 0.1, "critic_too_weak"),
-    (0.9, 0.95, None, None, "quality_unmeasured"),
-    (0.9, 0.95, None, 0.1, "critic_too_weak"),
-    (0.9, 0.95, 0.01, 0.5, "turn_level"),  # a strong correlation alone is enough
-])
-def test_recommendation_rules(eta, frac, ev, corr, verdict):
-    s = {"eta2_median": {"estimate": eta}, "frac_ss_between_gt_within": {"estimate": frac},
-         "critic_quality": {"explained_variance": ev, "corr_mean_value_reward": corr}}
-    r = recommend(s, AuditConfig())
-    assert r["verdict"] == verdict
-    assert r["thresholds"]["turn_level_eta2"] == 0.7
-    assert recommend(s, AuditConfig(scope="all"))["verdict"] == "not_assessed"
 
 
 def test_report_files_and_plot_command(tmp_path):
