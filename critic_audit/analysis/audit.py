@@ -536,6 +536,12 @@ def _quality(per: pl.DataFrame, config: AuditConfig, fitted_ids: Collection[str]
                                        f"{held.height} only") if n_overlap else "none of these trajectories is in "
                                       "the critic's fit data"}
     out["gate"] = quality_gate(_gate_inputs(held), _gate_config(config))
+    overlap = (out.get("fit_overlap") or {}).get("n_in_fit_data")
+    if overlap and out["gate"]["status"] in ("unmeasured", "not_enough_data") and inc.height:
+        out["gate"]["status"] = "not_enough_data"
+        out["gate"]["reasons"].insert(0, f"{overlap} of the {inc.height} audited trajectories are the critic's own "
+                                         "fit data (fit-critic), where its quality is in-sample; "
+                                         f"{held.height} are held out")
     if per_source and held["source"].n_unique() > 1:
         out["by_source"] = {("unknown" if k is None else str(k)): quality_gate(
             _gate_inputs(held.filter(pl.col("source").is_null() if k is None else pl.col("source") == k)),

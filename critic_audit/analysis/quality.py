@@ -243,6 +243,10 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> dict[s
     ev = _pooled_ev(t, strata) if n else float("nan")
     out["corr_within_stratum"] = {"estimate": _num(corr), "ci95": None, "p_value": None}
     out["explained_variance_within_stratum"] = {"estimate": _num(ev), "ci95": None}
+    if n == 0:
+        out["status"] = "unmeasured"
+        out["reasons"] = ["no audited trajectory carries a reward"]
+        return out
     if min(n_pos, n_neg) < config.min_per_outcome:
         out["status"] = "not_enough_data"
         binary = np.unique(t.reward).size <= 2
