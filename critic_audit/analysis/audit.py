@@ -322,9 +322,34 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
     summary["by_turn_bucket"] = breakdown(per, "turn_bucket", config)
     for col in config.group_by:
         summary.setdefault("breakdowns", {})[col] = breakdown(per, col, config)
+    summary["min_group_n"] = config.min_group_n
     summary["paper_reference"] = PAPER_REFERENCE
-    summary["recommendation"] = recommend(summary, config)
+    summary["recommendation"] = _headline_verdict(summary, config)
     return AuditResult(per, summary)
+
+
+def _headline_verdict(summary: dict[str, Any], config: AuditConfig) -> dict[str, Any]:
+    """:func:`recommend` on the pooled numbers; with several checkpoints (different critics, whose
+    pooled numbers mix them) the verdict is the latest checkpoint's, the pooled one kept beside it."""
+    pooled = recommend(summary, config)
+    rows = summary.get("by_checkpoint") or {}
+    if len(rows) < 2 or pooled["verdict"] == "not_assessed":
+        return pooled
+    key = next((k for k in reversed(rows) if k != "unknown"), list(rows)[-1])
+    row = rows[key]
+    lead = (f"{len(rows)} checkpoints audited, each critic judged on its own rollouts (see the table by checkpoint); "
+            "the pooled numbers mix different critics. ")
+    if row.get("low_n") or not row.get("recommendation"):
+        rec = {**pooled, "verdict": "not_enough_data", "confident": False,
+               "text": lead + f"The latest checkpoint, {key}, has {row['n_included']} audited trajectories "
+                              f"(< {config.min_group_n}): no verdict.",
+               "reasons": [f"latest checkpoint {key}: {row['n_included']} audited trajectories < {config.min_group_n}"]}
+    else:
+        r = row["recommendation"]
+        rec = {**r, "text": lead + f"Latest checkpoint, {key}: {r['text']}"}
+    rec["checkpoint"] = key
+    rec["pooled"] = {"verdict": pooled["verdict"], "confident": pooled["confident"]}
+    return rec
 
 
 #: Verdicts that recommend a credit granularity; every other verdict says why none is given.
