@@ -54,14 +54,24 @@ def _draw_trace(ax, tokens: pl.DataFrame, tid: str, label: str, lw: float = 1.0)
         ax.hlines(float(val[sel].mean()), lo, hi, colors="black", linestyles="--", lw=1.2, zorder=3)
 
 
+def _latest_checkpoint(per: pl.DataFrame) -> pl.DataFrame:
+    """The rows of the latest checkpoint (natural order) when ``per`` holds several, else ``per``."""
+    if "checkpoint" not in per.columns or per["checkpoint"].drop_nulls().n_unique() < 2:
+        return per
+    from critic_audit.analysis.audit import _natural_key
+
+    last = max(per["checkpoint"].drop_nulls().unique().to_list(), key=_natural_key)
+    return per.filter(pl.col("checkpoint") == last)
+
+
 def pick_examples(per_trajectory: pl.DataFrame) -> dict[str, str | None]:
     """Choose one included successful and one included failed trajectory to draw.
 
     The choice is deterministic: in each class, the trajectory whose number of turns is closest to the
-    class median (ties: the smaller id).
+    class median (ties: the smaller id). With several checkpoints, from the latest one (natural order).
     """
     out: dict[str, str | None] = {}
-    inc = per_trajectory.filter(pl.col("excluded").is_null())
+    inc = _latest_checkpoint(per_trajectory.filter(pl.col("excluded").is_null()))
     for label, flag in (("success", True), ("failure", False)):
         part = inc.filter(pl.col("success") == flag)
         if part.height == 0:
@@ -94,7 +104,8 @@ def plot_value_traces(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: s
             continue
         _draw_trace(ax, tokens, tid, label)
         row = per_trajectory.filter(pl.col("trajectory_id") == tid).row(0, named=True)
-        ax.set_title(f"{label}: {_short(tid, 40)}  (K={row['n_turns']}, eta2={row['eta2']:.3f}, reward={row['reward']})",
+        ck = f", checkpoint {_short(row['checkpoint'])}" if row.get("checkpoint") is not None else ""
+        ax.set_title(f"{label}: {_short(tid, 40)}  (K={row['n_turns']}, eta2={row['eta2']:.3f}, reward={row['reward']}{ck})",
                      fontsize=9)
         ax.set_ylabel("critic value V_t")
     axes[-1].set_xlabel("token position (assistant turns shaded grey; dashed: each turn's mean value; "
@@ -130,7 +141,7 @@ def plot_value_grid(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: str
 
     Trajectories are the included ones closest to their class's median number of turns (ties by id).
     """
-    inc = per_trajectory.filter(pl.col("excluded").is_null())
+    inc = _latest_checkpoint(per_trajectory.filter(pl.col("excluded").is_null()))
     cols = {}
     for label, flag in (("success", True), ("failure", False)):
         part = inc.filter(pl.col("success") == flag)

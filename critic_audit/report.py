@@ -129,8 +129,21 @@ def _gate_lines(q: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _c(d: dict | None, pct: bool = False) -> str:
+    """Compact ``estimate [lo, hi]`` (fractions: ``k/n [lo%, hi%]``) for wide tables."""
+    if not d or d.get("estimate") is None:
+        return "n/a"
+    lo, hi = d.get("ci95") or (None, None)
+    if pct:
+        head = f"{d['k']}/{d['n']}" if d.get("n") is not None else f"{100 * d['estimate']:.0f}%"
+        return head + (f" [{100 * lo:.0f}%, {100 * hi:.0f}%]" if lo is not None else "")
+    return f"{d['estimate']:.3f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None else "")
+
+
 def _checkpoint_lines(d: dict[str, Any], min_n: int) -> list[str]:
     lines = ["## By checkpoint (each checkpoint's critic on its own rollouts)", "",
+             "Each row: that checkpoint's critic on the rollouts it scored, with its own quality gate; 95% "
+             "intervals in brackets (eta2: bootstrap; fractions: Wilson; explained variance: bootstrap).", "",
              "| checkpoint | audited | median eta2 | (a) SS_B > SS_W | (b) | (c) F > 1 | explained variance | corr | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for k, g in d.items():
@@ -138,9 +151,9 @@ def _checkpoint_lines(d: dict[str, Any], min_n: int) -> list[str]:
         gate = q.get("gate") or {}
         rec = g.get("recommendation") or {}
         verdict = f"low n (< {min_n}): no verdict" if g.get("low_n") else rec.get("verdict", "n/a")
-        lines.append(f"| {md_escape(k)} | {g['n_included']} | {_ci(g['eta2_median'])} | "
-                     f"{_ci(g['frac_ss_between_gt_within'], True)} | {_ci(g.get('frac_var_turn_means_gt_mean_within_var'), True)} | "
-                     f"{_ci(g.get('frac_f_gt_1'), True)} | {_ci(gate.get('explained_variance_within_stratum'))} | "
+        lines.append(f"| {md_escape(k)} | {g['n_included']} | {_c(g['eta2_median'])} | "
+                     f"{_c(g['frac_ss_between_gt_within'], True)} | {_c(g.get('frac_var_turn_means_gt_mean_within_var'), True)} | "
+                     f"{_c(g.get('frac_f_gt_1'), True)} | {_c(gate.get('explained_variance_within_stratum'))} | "
                      f"{_n((gate.get('corr_within_stratum') or {}).get('estimate'))} | {verdict} |")
     return lines
 
@@ -175,9 +188,15 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
               "The structure of a critic's values is evidence for a credit granularity only when the critic "
               "predicts the outcome; a random critic has structure too.", ""]
     lines += _gate_lines(q)
+    by_ckpt = s.get("by_checkpoint") or {}
+    several = len(by_ckpt) > 1
+    if several:
+        lines += [""] + _checkpoint_lines(by_ckpt, min_n)
+        if "eta2_ev_by_checkpoint" in plots:
+            lines += ["", "![eta2_ev_by_checkpoint](plots/eta2_ev_by_checkpoint.png)"]
     lines += [
         "",
-        "## Headline",
+        "## Headline" + (" (pooled over all checkpoints: different critics)" if several else ""),
         "",
         "| measure | value |",
         "|---|---|",
@@ -194,9 +213,6 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
         "Intervals: eta2 median by a seeded percentile bootstrap over trajectories; fractions by the Wilson score "
         "interval. Thresholds of the verdict: " + ", ".join(f"{k} = {v}" for k, v in (rec.get("thresholds") or {}).items()) + ".",
     ]
-    by_ckpt = s.get("by_checkpoint") or {}
-    if len(by_ckpt) > 1:
-        lines += [""] + _checkpoint_lines(by_ckpt, min_n)
     sections = [("by_success", "success"), ("by_source", "source"), ("by_turn_bucket", "number of turns"),
                 ("by_critic", "critic")]
     if len(by_ckpt) == 1:
@@ -237,6 +253,8 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
     lines += ["", "## Plots", ""]
     titles = {**dict(PLOTS), **EXTRA_PLOTS}
     for stem in plots:
+        if several and stem == "eta2_ev_by_checkpoint":
+            continue  # shown with the table by checkpoint
         lines += [f"### {titles.get(stem, stem)}", "", f"![{stem}](plots/{stem}.png)",
                   "", f"[SVG](plots/{stem}.svg)", ""]
     lines += ["Numbers: [summary.json](summary.json); per-trajectory statistics: trajectories.parquet. "
