@@ -223,10 +223,10 @@ def test_degenerate_inputs_render_without_warnings(tmp_path):
     cases["single_turn"] = (trajs.with_columns(num_turns=pl.lit(1, dtype=pl.Int32)),
                             tokens.with_columns(turn=pl.lit(0, dtype=pl.Int32)))
     for name, (tr, tk) in cases.items():
-        res = audit(tr, tk, AuditConfig(n_boot=20, n_perm=20))
-        rec = res.summary["recommendation"]
-        assert not rec["confident"] and rec["text"], name
         with warnings.catch_warnings():
             warnings.simplefilter("error")
+            res = audit(tr, tk, AuditConfig(n_boot=20, n_perm=20))
             render_folder(tmp_path / name, tk, res.per_trajectory, res.summary)
+        rec = res.summary["recommendation"]
+        assert not rec["confident"] and rec["text"], name
         assert (tmp_path / name / "report.html").exists()

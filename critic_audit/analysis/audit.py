@@ -384,10 +384,16 @@ def coverage(per: pl.DataFrame, truncation: dict[str, int] | None, config: Audit
     cov["low"] = share is not None and share < config.low_coverage
     cov["warning"] = None
     if cov["low"]:
-        cov["warning"] = (f"only {cov['turns']['audited']} of {cov['turns']['read']} assistant turns "
-                          f"({100 * share:.1f}%) were audited" + (
-                              f" ({tr.get('turns', 0)} cut by --max-length)" if tr.get("turns") else "")
-                          + ": the figures describe the turns kept, which may not represent whole episodes")
+        why = []
+        if tr.get("turns"):
+            why.append(f"{tr['turns']} cut by --max-length")
+        if per.height - inc.height:
+            why.append(f"{per.height - inc.height} trajectories excluded")
+        why_s = f" ({'; '.join(why)})" if why else ""
+        cov["warning"] = (f"no assistant turn was audited{why_s}" if not cov["turns"]["audited"] else
+                          f"only {cov['turns']['audited']} of {cov['turns']['read']} assistant turns "
+                          f"({100 * share:.1f}%) were audited{why_s}: the figures describe the turns kept, which "
+                          "may not represent whole episodes")
     return cov
 
 
