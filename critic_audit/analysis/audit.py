@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from critic_audit.analysis.decompose import bootstrap_ci, decompose
-from critic_audit.analysis.quality import (GateConfig, TrajectorySums, _ev_from, outcome_split, quality_gate,
+from critic_audit.analysis.quality import (GateConfig, TrajectorySums, pooled_ev, outcome_split, quality_gate,
                                            wilson_interval)
 from critic_audit.errors import ConfigError, SchemaError
 
@@ -551,7 +551,7 @@ def _quality(per: pl.DataFrame, config: AuditConfig, fitted_ids: Collection[str]
                            "n_tokens": int(inc["_qn"].sum()) if inc.height else 0}
     if inc.height >= 2:
         n, em, m2, r = (inc[c].cast(pl.Float64).to_numpy() for c in ("_qn", "_qem", "_qm2", "reward"))
-        ev, _ = _ev_from(n, em, m2, r)
+        ev, _ = pooled_ev(n, em, m2, r)
         mv = inc["value_mean"].to_numpy()
         corr = float(np.corrcoef(mv, r)[0, 1]) if np.std(mv) > 0 and np.std(r) > 0 else float("nan")
         out.update(explained_variance=_num(ev), corr_mean_value_reward=_num(corr))

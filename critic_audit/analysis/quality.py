@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GateConfig", "TrajectorySums", "outcome_split", "quality_gate", "wilson_interval"]
+__all__ = ["GateConfig", "TrajectorySums", "outcome_split", "pooled_ev", "quality_gate", "wilson_interval"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +137,21 @@ def _strata_corr(x: np.ndarray, y: np.ndarray, strata: list[np.ndarray]) -> floa
     return num / den if den else float("nan")
 
 
-def _ev_from(n: np.ndarray, em: np.ndarray, m2: np.ndarray, r: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
-    """Pooled EV of one stratum from per-trajectory sums (rows along ``axis``); returns (EV, tokens)."""
+def pooled_ev(n: np.ndarray, em: np.ndarray, m2: np.ndarray, r: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """Explained variance ``1 - Var(R - V) / Var(R)`` pooled over the tokens of several trajectories,
+    from per-trajectory sums (trajectories along ``axis``; any leading axes are batch axes, e.g.
+    bootstrap replicates).
+
+    Args:
+        n: policy tokens per trajectory (float64).
+        em: mean of ``R - V`` over each trajectory's policy tokens.
+        m2: sum over each trajectory's tokens of ``(R - V - em)^2``.
+        r: each trajectory's reward R.
+
+    Returns:
+        ``(EV, N)``: NaN where the rewards do not vary; N the total tokens. Exact (Chan et al.'s
+        pooled-variance combination), not a sum of squares minus a squared sum.
+    """
     N = n.sum(axis=axis)
     with np.errstate(invalid="ignore", divide="ignore"):
         mu_e = (n * em).sum(axis=axis) / N
@@ -153,7 +166,7 @@ def _ev_from(n: np.ndarray, em: np.ndarray, m2: np.ndarray, r: np.ndarray, axis:
 def _pooled_ev(t: TrajectorySums, strata: list[np.ndarray]) -> float:
     num = den = 0.0
     for idx in strata:
-        ev, N = _ev_from(t.n_tokens[idx], t.err_mean[idx], t.err_m2[idx], t.reward[idx])
+        ev, N = pooled_ev(t.n_tokens[idx], t.err_mean[idx], t.err_m2[idx], t.reward[idx])
         if np.isfinite(ev):
             num += float(ev) * float(N)
             den += float(N)
@@ -180,7 +193,7 @@ def _bootstrap(t: TrajectorySums, strata: list[np.ndarray], n_boot: int, rng: np
                 r = ((x - x.mean(1, keepdims=True)) * (y - y.mean(1, keepdims=True))).mean(1) / (sx * sy)
             c_num[s:e] += np.where(ok, idx.size * r, 0.0)
             c_den[s:e] += np.where(ok, idx.size, 0.0)
-            ev, N = _ev_from(t.n_tokens[pick], t.err_mean[pick], t.err_m2[pick], y, axis=1)
+            ev, N = pooled_ev(t.n_tokens[pick], t.err_mean[pick], t.err_m2[pick], y, axis=1)
             okv = np.isfinite(ev)
             e_num[s:e] += np.where(okv, ev * N, 0.0)
             e_den[s:e] += np.where(okv, N, 0.0)
