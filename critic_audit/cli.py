@@ -125,6 +125,10 @@ def _summary_table(s: dict) -> Table:
     t.add_column("measure")
     t.add_column("value (95% CI)", justify="right")
     t.add_row("trajectories included / read", f"{s['n_included']} / {s['n_trajectories']}")
+    for what, e in (("assistant turns", (s.get("coverage") or {}).get("turns")),
+                    ("policy tokens", (s.get("coverage") or {}).get("tokens"))):
+        if e and e.get("read"):
+            t.add_row(f"{what} audited / read", f"{e['audited']} / {e['read']} ({100 * e['share']:.1f}%)")
     if s["excluded"]:
         t.add_row("excluded", ", ".join(f"{k}: {v}" for k, v in sorted(s["excluded"].items())))
     tr = s.get("truncated") or {}
@@ -143,6 +147,11 @@ def _summary_table(s: dict) -> Table:
     q = s["critic_quality"]
     t.add_row("critic explained variance (tokens) / corr(mean V, reward)",
               f"{_fmt(q['explained_variance'])} / {_fmt(q['corr_mean_value_reward'])}")
+    g = q.get("gate") or {}
+    if g:
+        c, e = g.get("corr_within_stratum") or {}, g.get("explained_variance_within_stratum") or {}
+        t.add_row("quality gate: within-source corr (p) / EV", f"{g.get('status')}: {_fmt(c.get('estimate'))} "
+                  f"(p {_fmt(c.get('p_value'), '.3f')}) / {_fmt_ci(e)}")
     for key, d in s.get("by_success", {}).items():
         t.add_row(f"  success={key}: n, median eta2", f"{d['n_included']}, {_fmt_ci(d['eta2_median'])}")
     inf = s.get("inference") or {}
@@ -151,6 +160,20 @@ def _summary_table(s: dict) -> Table:
         t.add_row("critic inference", f"{inf['real_tokens']} tokens, {inf['tokens_per_s']:.0f} tok/s ({where})")
     ref = s["paper_reference"]
     t.add_row("MPO paper (2610.35013) for reference", f"median eta2 {ref['median_eta2']}, fraction {ref['frac_ss_between_gt_within']}")
+    return t
+
+
+def _checkpoints_table(s: dict) -> Table:
+    t = Table(title="by checkpoint: each critic on its own rollouts")
+    for col in ("checkpoint", "n", "median eta2 (95% CI)", "(a) SS_B > SS_W", "EV within source (95% CI)", "corr (p)", "verdict"):
+        t.add_column(col)
+    for k, r in s["by_checkpoint"].items():
+        g = (r.get("critic_quality") or {}).get("gate") or {}
+        c = g.get("corr_within_stratum") or {}
+        t.add_row(_escape(k), str(r["n_included"]), _fmt_ci(r["eta2_median"]), _fmt(r["frac_ss_between_gt_within"]["estimate"], ".2f"),
+                  _fmt_ci(g.get("explained_variance_within_stratum")),
+                  f"{_fmt(c.get('estimate'))} ({_fmt(c.get('p_value'), '.3f')})",
+                  "low n: none" if r.get("low_n") else (r.get("recommendation") or {}).get("verdict", ""))
     return t
 
 
@@ -274,6 +297,10 @@ def analyze(
         out.print(f"wrote {res.out_dir}/ ({', '.join(_written(res.out_dir))})")
     else:
         out.print(_summary_table(s))
+        if len(s.get("by_checkpoint") or {}) > 1:
+            out.print(_checkpoints_table(s))
+        if (s.get("coverage") or {}).get("warning"):
+            err.print(f"[yellow]warning:[/yellow] {_escape(s['coverage']['warning'])}", soft_wrap=True)
         rec = s.get("recommendation") or {}
         out.print(f"[bold]recommendation ({rec.get('verdict')}):[/bold] {_escape(rec.get('text', ''))}")
         out.print(f"wrote {res.out_dir}/ ({', '.join(_written(res.out_dir))})")

@@ -20,7 +20,15 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-TURN_COLORS = ("#dbe9f6", "#fde2c8")
+#: Turn shading: two neutral greys, so it never reads as the success (blue) / failure (red) colours.
+TURN_COLORS = ("#ececec", "#d6d6d6")
+SUCCESS_COLOR, FAILURE_COLOR = "#1f4e79", "#a83232"
+
+
+def _short(label: object, n: int = 24) -> str:
+    """A label on one line, at most ``n`` characters (matplotlib would render TeX in ``$...$``: escaped)."""
+    text = " ".join(str(label).splitlines()).replace("$", r"\$")
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _save(fig: Figure, out: str | Path | None) -> None:
@@ -36,20 +44,34 @@ def _draw_trace(ax, tokens: pl.DataFrame, tid: str, label: str, lw: float = 1.0)
     """Draw one trajectory's policy-token values, one line and one shaded span per assistant turn."""
     t = tokens.lazy().filter((pl.col("trajectory_id") == tid) & pl.col("response_mask")).sort("position").collect()
     pos, val, turn = t["position"].to_numpy(), t["value"].cast(pl.Float64).to_numpy(), t["turn"].to_numpy()
+    color = SUCCESS_COLOR if label == "success" else FAILURE_COLOR
     for k in np.unique(turn):
         sel = turn == k
-        ax.axvspan(pos[sel].min() - 0.5, pos[sel].max() + 0.5, color=TURN_COLORS[int(k) % 2], lw=0)
-        ax.plot(pos[sel], val[sel], color="#1f4e79" if label == "success" else "#a83232", lw=lw)
+        lo, hi = pos[sel].min() - 0.5, pos[sel].max() + 0.5
+        ax.axvspan(lo, hi, color=TURN_COLORS[int(k) % 2], lw=0, zorder=0)
+        ax.plot(pos[sel], val[sel], color=color, lw=lw, zorder=2)
+        # the turn's mean value, drawn over its tokens: the between-turn part of the variance
+        ax.hlines(float(val[sel].mean()), lo, hi, colors="black", linestyles="--", lw=1.2, zorder=3)
+
+
+def _latest_checkpoint(per: pl.DataFrame) -> pl.DataFrame:
+    """The rows of the latest checkpoint (natural order) when ``per`` holds several, else ``per``."""
+    if "checkpoint" not in per.columns or per["checkpoint"].drop_nulls().n_unique() < 2:
+        return per
+    from critic_audit.analysis.audit import _natural_key
+
+    last = max(per["checkpoint"].drop_nulls().unique().to_list(), key=_natural_key)
+    return per.filter(pl.col("checkpoint") == last)
 
 
 def pick_examples(per_trajectory: pl.DataFrame) -> dict[str, str | None]:
     """Choose one included successful and one included failed trajectory to draw.
 
     The choice is deterministic: in each class, the trajectory whose number of turns is closest to the
-    class median (ties: the smaller id).
+    class median (ties: the smaller id). With several checkpoints, from the latest one (natural order).
     """
     out: dict[str, str | None] = {}
-    inc = per_trajectory.filter(pl.col("excluded").is_null())
+    inc = _latest_checkpoint(per_trajectory.filter(pl.col("excluded").is_null()))
     for label, flag in (("success", True), ("failure", False)):
         part = inc.filter(pl.col("success") == flag)
         if part.height == 0:
@@ -82,10 +104,12 @@ def plot_value_traces(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: s
             continue
         _draw_trace(ax, tokens, tid, label)
         row = per_trajectory.filter(pl.col("trajectory_id") == tid).row(0, named=True)
-        ax.set_title(f"{label}: {tid}  (K={row['n_turns']}, eta2={row['eta2']:.3f}, reward={row['reward']})",
+        ck = f", checkpoint {_short(row['checkpoint'])}" if row.get("checkpoint") is not None else ""
+        ax.set_title(f"{label}: {_short(tid, 40)}  (K={row['n_turns']}, eta2={row['eta2']:.3f}, reward={row['reward']}{ck})",
                      fontsize=9)
         ax.set_ylabel("critic value V_t")
-    axes[-1].set_xlabel("token position (assistant turns shaded; gaps are user/tool tokens)")
+    axes[-1].set_xlabel("token position (assistant turns shaded grey; dashed: each turn's mean value; "
+                        "gaps are user/tool tokens)")
     fig.suptitle("Critic value along a successful and a failed trajectory")
     fig.tight_layout()
     _save(fig, out)
@@ -117,7 +141,7 @@ def plot_value_grid(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: str
 
     Trajectories are the included ones closest to their class's median number of turns (ties by id).
     """
-    inc = per_trajectory.filter(pl.col("excluded").is_null())
+    inc = _latest_checkpoint(per_trajectory.filter(pl.col("excluded").is_null()))
     cols = {}
     for label, flag in (("success", True), ("failure", False)):
         part = inc.filter(pl.col("success") == flag)
@@ -136,9 +160,10 @@ def plot_value_grid(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: str
             tid = cols[label][r]
             _draw_trace(ax, tokens, tid, label, lw=0.8)
             row = per_trajectory.filter(pl.col("trajectory_id") == tid).row(0, named=True)
-            ax.set_title(f"{label}: {tid} (K={row['n_turns']}, eta2={row['eta2']:.2f})", fontsize=8)
+            ax.set_title(f"{label}: {_short(tid, 40)} (K={row['n_turns']}, eta2={row['eta2']:.2f})", fontsize=8)
             ax.tick_params(labelsize=7)
-    fig.suptitle("Critic value along trajectories, assistant turns shaded (successes left, failures right)")
+    fig.suptitle("Critic value along trajectories, assistant turns shaded, dashed: turn means "
+                 "(successes left, failures right)")
     fig.tight_layout()
     _save(fig, out)
     return fig
@@ -154,14 +179,17 @@ def plot_eta2_ecdf(per_trajectory: pl.DataFrame, by: str = "success", out: str |
         if x.size == 0:
             continue
         ax.step(np.r_[0.0, x], np.r_[0.0, np.arange(1, x.size + 1) / x.size], where="post",
-                label=f"{by}={key} (n={x.size})")
+                label=f"{by}={_short(key)} (n={x.size})")
     ax.axvline(0.5, color="grey", ls=":", lw=0.8)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_xlabel("eta2 (share of value variance between turns)")
     ax.set_ylabel("fraction of trajectories <= x")
     ax.set_title(f"eta2 ECDF by {by}")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no audited trajectory", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     _save(fig, out)
     return fig
@@ -178,13 +206,17 @@ def plot_eta2_box(per_trajectory: pl.DataFrame, by: str = "checkpoint", out: str
     keys = (order if order is not None else inc[by].unique(maintain_order=True).to_list()) if by in inc.columns else []
     data = [inc.filter(pl.col(by).is_null() if k is None else pl.col(by) == k)["eta2"].to_numpy() for k in keys]
     fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(keys) + 2), 4))
+    keep = [i for i, d in enumerate(data) if d.size]
+    data, keys = [data[i] for i in keep], [keys[i] for i in keep]
     if data:
-        ax.boxplot(data, tick_labels=["unknown" if k is None else str(k) for k in keys], showmeans=True)
+        ax.boxplot(data, tick_labels=["unknown" if k is None else _short(k) for k in keys], showmeans=True)
         from matplotlib.lines import Line2D
 
         ax.legend(handles=[Line2D([], [], color="orange", label="median"),
                            Line2D([], [], marker="^", color="green", ls="", label="mean")], fontsize=8)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    else:
+        ax.text(0.5, 0.5, "no audited trajectory", ha="center", va="center", transform=ax.transAxes)
     ax.set_ylim(0, 1)
     ax.set_xlabel(by)
     ax.set_ylabel("eta2 per trajectory")
@@ -211,16 +243,26 @@ def plot_step_distributions(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, 
     inc = per_trajectory.filter(pl.col("excluded").is_null())["trajectory_id"].to_list()
     b, w = step_sizes(tokens, inc)
     fig, ax = plt.subplots(figsize=(6, 4))
-    hi = float(np.quantile(np.r_[b, w], 0.99)) if (b.size + w.size) else 1.0
-    bins = np.linspace(0, hi if hi > 0 else 1.0, 40)
+    allv = np.r_[b, w]
+    hi = float(np.quantile(allv, 0.99)) if allv.size else 1.0
+    hi = hi if hi > 0 else (float(allv.max()) if allv.size and allv.max() > 0 else 1.0)
+    bins = np.linspace(0, hi, 40)
+    clipped = int((allv > hi).sum())
     if w.size:
-        ax.hist(w, bins=bins, density=True, alpha=0.6, label=f"within turn (n={w.size}, mean {w.mean():.3g})")
+        ax.hist(np.minimum(w, hi), bins=bins, density=True, alpha=0.6, color="#7f7f7f",
+                label=f"within turn (n={w.size}, mean {w.mean():.3g})")
     if b.size:
-        ax.hist(b, bins=bins, density=True, alpha=0.6, label=f"turn boundary (n={b.size}, mean {b.mean():.3g})")
-    ax.set_xlabel("|V_{t+1} - V_t| between consecutive policy tokens")
+        ax.hist(np.minimum(b, hi), bins=bins, density=True, alpha=0.6, color="#e08214",
+                label=f"turn boundary (n={b.size}, mean {b.mean():.3g})")
+    ax.set_xlabel("|V_{t+1} - V_t| between consecutive policy tokens"
+                  + (f"\n(axis clipped at the 99th percentile {hi:.3g}: {clipped} larger steps counted in the last bin)"
+                     if clipped else ""))
     ax.set_ylabel("density")
     ax.set_title("Value steps at turn boundaries vs inside turns")
-    ax.legend(fontsize=8)
+    if w.size or b.size:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no value steps to show", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     _save(fig, out)
     return fig
@@ -241,7 +283,7 @@ def plot_turn_position(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: 
     """Mean value by turn position k, successes vs failures, with +-1 standard error bands."""
     df = turn_position_means(tokens, per_trajectory)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for flag, color in ((True, "#1f4e79"), (False, "#a83232")):
+    for flag, color in ((True, SUCCESS_COLOR), (False, FAILURE_COLOR)):
         part = df.filter(pl.col("success") == flag)
         if part.height == 0:
             continue
@@ -256,7 +298,73 @@ def plot_turn_position(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: 
     ax.set_xlabel("assistant turn k (bands: +-1 standard error over trajectories)")
     ax.set_ylabel("mean of turn-mean value")
     ax.set_title("Critic value by turn position")
-    ax.legend(fontsize=8)
+    if df.height:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no audited trajectory with a success label", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    _save(fig, out)
+    return fig
+
+
+def plot_eta2_ev_by_checkpoint(by_checkpoint: dict, out: str | Path | None = None) -> Figure:
+    """Median eta2 and the critic's explained variance per checkpoint, each with its 95% interval.
+
+    Args:
+        by_checkpoint: ``summary["by_checkpoint"]`` of an audit (checkpoint label -> row with
+            ``eta2_median`` and ``critic_quality.gate.explained_variance_within_stratum``, each
+            ``{"estimate", "ci95"}``), in checkpoint order. Rows flagged ``low_n`` are drawn hollow.
+
+    Explained variance below -1 is drawn at the axis floor -1 and marked (the axis says so).
+    """
+    keys = list(by_checkpoint)
+    x = np.arange(len(keys))
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(max(6, 0.7 * len(keys) + 2), 6), sharex=True)
+
+    def series(get):
+        est, lo, hi = [], [], []
+        for k in keys:
+            d = get(by_checkpoint[k]) or {}
+            e = d.get("estimate")
+            ci = d.get("ci95") or [e, e]
+            est.append(np.nan if e is None else e)
+            lo.append(np.nan if ci[0] is None else ci[0])
+            hi.append(np.nan if ci[1] is None else ci[1])
+        return np.array(est, float), np.array(lo, float), np.array(hi, float)
+
+    low = np.array([bool(by_checkpoint[k].get("low_n")) for k in keys])
+    for ax, get, name, color, floor in (
+            (a1, lambda r: r.get("eta2_median"), "median eta2", "#4a7ab5", 0.0),
+            (a2, lambda r: ((r.get("critic_quality") or {}).get("gate") or {}).get("explained_variance_within_stratum"),
+             "explained variance (within source)", "#e08214", -1.0)):
+        est, lo, hi = series(get)
+        clip = est < floor
+        est_c, lo_c, hi_c = np.maximum(est, floor), np.maximum(lo, floor), np.maximum(hi, floor)
+        ok = np.isfinite(est_c)
+        yerr = np.vstack([np.where(ok, est_c - lo_c, 0), np.where(ok, hi_c - est_c, 0)])
+        yerr = np.nan_to_num(np.maximum(yerr, 0))
+        ax.errorbar(x[ok], est_c[ok], yerr=yerr[:, ok], fmt="-", color=color, lw=1, capsize=3, zorder=1)
+        for filled in (True, False):
+            sel = ok & (low != filled)
+            if sel.any():
+                ax.plot(x[sel], est_c[sel], "o", ms=6, color=color, mfc=color if filled else "white", zorder=2,
+                        label=None if filled else "fewer trajectories than the minimum n (no verdict)")
+        if (clip & ok).any():
+            ax.plot(x[clip & ok], np.full((clip & ok).sum(), floor), "v", color="black", ms=7, zorder=3,
+                    label=f"below {floor:g} (clipped)")
+        ax.set_ylabel(name)
+        ax.axhline(0, color="grey", lw=0.6)
+        if ax is a1:
+            ax.set_ylim(0, 1)
+            ax.axhline(0.895, color="#c0392b", ls=":", lw=1, label="MPO paper median 0.895")
+        else:
+            ax.set_ylim(floor, 1)
+            ax.set_ylabel(name + f"\n(axis floor {floor:g}: lower values clipped)")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="best")
+    a2.set_xticks(x, [_short(k) for k in keys], rotation=30, fontsize=8)
+    a2.set_xlabel("checkpoint (bars: 95% intervals)")
+    fig.suptitle("Critic structure and quality by checkpoint")
     fig.tight_layout()
     _save(fig, out)
     return fig

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,15 @@ PLOTS = (
     ("turn_position", "Mean value by turn position, successes vs failures"),
 )
 
+#: Plots drawn only for some audits (several checkpoints).
+EXTRA_PLOTS = {"eta2_ev_by_checkpoint": "Median eta2 and explained variance by checkpoint, with 95% intervals"}
 
-def render_plots(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_trajectory: pl.DataFrame, *, box_by: str | None = None) -> list[str]:
-    """Write every plot (PNG and SVG) under ``folder/plots``; returns the stems written."""
+
+def render_plots(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_trajectory: pl.DataFrame, *,
+                 box_by: str | None = None, summary: dict[str, Any] | None = None) -> list[str]:
+    """Write every plot (PNG and SVG) under ``folder/plots``; returns the stems written.
+
+    With a ``summary`` holding several checkpoints, also ``eta2_ev_by_checkpoint``."""
     import matplotlib.pyplot as plt
 
     from critic_audit import plots as P
@@ -43,6 +50,9 @@ def render_plots(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_trajecto
         "step_distributions": lambda: P.plot_step_distributions(tokens, per_trajectory, out / "step_distributions"),
         "turn_position": lambda: P.plot_turn_position(tokens, per_trajectory, out / "turn_position"),
     }
+    if summary and len(summary.get("by_checkpoint") or {}) > 1:
+        makers["eta2_ev_by_checkpoint"] = lambda: P.plot_eta2_ev_by_checkpoint(
+            summary["by_checkpoint"], out / "eta2_ev_by_checkpoint")
     written = []
     for stem, make in makers.items():
         plt.close(make())
@@ -55,7 +65,8 @@ def _ci(d: dict | None, pct: bool = False) -> str:
         return "n/a"
     f = (lambda x: f"{100 * x:.1f}%") if pct else (lambda x: f"{x:.3f}")
     lo, hi = (d.get("ci95") or [None, None])
-    return f"{f(d['estimate'])} (95% CI {f(lo)} to {f(hi)})" if lo is not None else f(d["estimate"])
+    kn = f" ({d['k']} of {d['n']})" if pct and d.get("n") is not None else ""
+    return (f"{f(d['estimate'])}{kn} (95% CI {f(lo)} to {f(hi)})" if lo is not None else f(d["estimate"]) + kn)
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -66,27 +77,130 @@ def _n(x: Any, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#!|~])")
+
+
+def md_escape(label: Any) -> str:
+    """A label (checkpoint, source, group value, id, path) as literal Markdown text on one line:
+    line breaks become spaces and every Markdown control character is backslash-escaped, so no
+    label can form an image, a link, a heading or a table cell boundary."""
+    text = " ".join(str(label).splitlines()) if label is not None else "unknown"
+    return _MD_SPECIAL.sub(r"\\\1", text.replace("\t", " "))
+
+
+def _fmt_cov(e: dict | None, what: str) -> str:
+    if not e or not e.get("read"):
+        return f"{e.get('audited', 0) if e else 0} {what}"
+    return f"{e['audited']} of {e['read']} {what} ({100 * e['share']:.1f}%)"
+
+
+def _gate_lines(q: dict[str, Any]) -> list[str]:
+    g = q.get("gate") or {}
+    c = g.get("corr_within_stratum") or {}
+    e = g.get("explained_variance_within_stratum") or {}
+    status = g.get("status", "unmeasured")
+    th = g.get("thresholds") or {}
+    lines = [f"Quality gate: **{status.replace('_', ' ')}** ({g.get('n_positive', 0)} higher-outcome and "
+             f"{g.get('n_negative', 0)} lower-outcome trajectories judged, {g.get('n_strata', 0)} "
+             f"source/checkpoint strata).", ""]
+    lines += ["| measure | value |", "|---|---|",
+              f"| corr(mean V, reward), within source and checkpoint | {_ci(c)}"
+              + (f", permutation p = {c['p_value']:.4f}" if c.get("p_value") is not None else "") + " |",
+              f"| explained variance of V against the return, within source and checkpoint | {_ci(e)} |",
+              f"| pooled over everything (for reference) | EV {_n(q.get('explained_variance'))}, "
+              f"corr {_n(q.get('corr_mean_value_reward'))} |", ""]
+    if th:
+        lines.append(f"Passing needs at least {th.get('min_per_outcome')} trajectories of each outcome, a correlation "
+                     f">= {th.get('min_corr')} with one-sided permutation p < {th.get('alpha')}, and an explained "
+                     f"variance >= {th.get('min_explained_variance')} whose 95% interval lies above 0.")
+    for r in g.get("reasons") or []:
+        lines.append(f"- {md_escape(r)}")
+    fo = q.get("fit_overlap")
+    if fo:
+        lines += ["", f"Fit data: {md_escape(fo.get('note'))}."]
+    by = q.get("by_source") or {}
+    if by:
+        lines += ["", "| source | judged | gate | corr (p) | explained variance |", "|---|---|---|---|---|"]
+        for src, gs in by.items():
+            cs = gs.get("corr_within_stratum") or {}
+            lines.append(f"| {md_escape(src)} | {gs.get('n_trajectories')} | {gs.get('status')} | {_ci(cs)}"
+                         + (f" (p {cs['p_value']:.3f})" if cs.get("p_value") is not None else "")
+                         + f" | {_ci(gs.get('explained_variance_within_stratum'))} |")
+    return lines
+
+
+def _c(d: dict | None, pct: bool = False) -> str:
+    """Compact ``estimate [lo, hi]`` (fractions: ``k/n [lo%, hi%]``) for wide tables."""
+    if not d or d.get("estimate") is None:
+        return "n/a"
+    lo, hi = d.get("ci95") or (None, None)
+    if pct:
+        head = f"{d['k']}/{d['n']}" if d.get("n") is not None else f"{100 * d['estimate']:.0f}%"
+        return head + (f" [{100 * lo:.0f}%, {100 * hi:.0f}%]" if lo is not None else "")
+    return f"{d['estimate']:.3f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None else "")
+
+
+def _checkpoint_lines(d: dict[str, Any], min_n: int) -> list[str]:
+    lines = ["## By checkpoint (each checkpoint's critic on its own rollouts)", "",
+             "Each row: that checkpoint's critic on the rollouts it scored, with its own quality gate; 95% "
+             "intervals in brackets (eta2: bootstrap; fractions: Wilson; explained variance: bootstrap).", "",
+             "| checkpoint | audited | median eta2 | (a) SS_B > SS_W | (b) | (c) F > 1 | explained variance | corr | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for k, g in d.items():
+        q = g.get("critic_quality") or {}
+        gate = q.get("gate") or {}
+        rec = g.get("recommendation") or {}
+        verdict = f"low n (< {min_n}): no verdict" if g.get("low_n") else rec.get("verdict", "n/a")
+        lines.append(f"| {md_escape(k)} | {g['n_included']} | {_c(g['eta2_median'])} | "
+                     f"{_c(g['frac_ss_between_gt_within'], True)} | {_c(g.get('frac_var_turn_means_gt_mean_within_var'), True)} | "
+                     f"{_c(g.get('frac_f_gt_1'), True)} | {_c(gate.get('explained_variance_within_stratum'))} | "
+                     f"{_n((gate.get('corr_within_stratum') or {}).get('estimate'))} | {verdict} |")
+    return lines
+
+
 def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
-    """The audit report as Markdown (headline with intervals, quality, breakdowns, recommendation)."""
+    """The audit report as Markdown: verdict, coverage and critic quality first, then the headline
+    with intervals, the breakdowns (one-row breakdowns folded into a sentence; rows under the minimum
+    n flagged), the exclusions and the plots. Every label is escaped (:func:`md_escape`)."""
     s = summary
     rec = s.get("recommendation") or {}
     q = s.get("critic_quality") or {}
     b = s.get("boundary") or {}
     ref = s.get("paper_reference") or {}
+    cov = s.get("coverage") or {}
+    min_n = s.get("min_group_n", 10)
+    verdict = rec.get("verdict", "n/a")
     lines = [
         "# Critic audit: between-turn vs within-turn value variance",
         "",
-        f"**Recommendation ({rec.get('verdict', 'n/a')}).** {rec.get('text', '')}",
+        f"**Verdict: {verdict}** ({'a credit recommendation' if rec.get('confident') else 'no credit recommendation'}). "
+        f"{md_escape(rec.get('text', ''))}",
         "",
-        "Thresholds used: " + ", ".join(f"{k} = {v}" for k, v in (rec.get("thresholds") or {}).items()) + ".",
+        "**Coverage.** " + "; ".join([_fmt_cov(cov.get("trajectories"), "trajectories"),
+                                      _fmt_cov(cov.get("turns"), "assistant turns"),
+                                      _fmt_cov(cov.get("tokens"), "policy tokens")]) + " audited.",
+    ]
+    if cov.get("warning"):
+        lines += ["", f"**Warning: low coverage.** {md_escape(cov['warning'])}."]
+    for w in s.get("warnings") or []:
+        lines += ["", f"**Warning.** {md_escape(w)}"]
+    lines += ["", "## Critic quality", "",
+              "The structure of a critic's values is evidence for a credit granularity only when the critic "
+              "predicts the outcome; a random critic has structure too.", ""]
+    lines += _gate_lines(q)
+    by_ckpt = s.get("by_checkpoint") or {}
+    several = len(by_ckpt) > 1
+    if several:
+        lines += [""] + _checkpoint_lines(by_ckpt, min_n)
+        if "eta2_ev_by_checkpoint" in plots:
+            lines += ["", "![eta2_ev_by_checkpoint](plots/eta2_ev_by_checkpoint.png)"]
+    lines += [
         "",
-        "## Headline",
+        "## Headline" + (" (pooled over all checkpoints: different critics)" if several else ""),
         "",
         "| measure | value |",
         "|---|---|",
         f"| scope | {s.get('scope')} ({'policy tokens, one group per assistant turn' if s.get('scope') == 'assistant' else 'every scored token; assistant turns and user/tool/template runs are groups'}) |",
-        f"| trajectories audited / read | {s.get('n_included')} / {s.get('n_trajectories')} |",
-        f"| {'assistant turns' if s.get('scope') == 'assistant' else 'groups (turns and other segments)'} / tokens audited | {s.get('n_turns_included')} / {s.get('n_tokens_included')} |",
         f"| median eta2 (share of value variance between turns) | {_ci(s.get('eta2_median'))} |",
         f"| (a) trajectories with SS_B > SS_W | {_ci(s.get('frac_ss_between_gt_within'), True)} |",
         f"| (b) var(turn means) > mean within-turn var | {_ci(s.get('frac_var_turn_means_gt_mean_within_var'), True)} |",
@@ -96,57 +210,76 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
         f"| mean boundary step / mean within-turn step | {_n(b.get('mean_boundary_over_mean_within_step'), '.2f')} |",
         f"| MPO paper (arXiv:2610.35013) | median eta2 {ref.get('median_eta2')}, {100 * (ref.get('frac_ss_between_gt_within') or 0):.1f}% with SS_B > SS_W |",
         "",
-        "## Critic quality on the same rollouts",
-        "",
-        f"Explained variance of the values against each trajectory's return, over all policy tokens: "
-        f"**{_n(q.get('explained_variance'))}**; correlation of each trajectory's mean value with its reward: "
-        f"**{_n(q.get('corr_mean_value_reward'))}** ({q.get('n_trajectories', 0)} trajectories with rewards). "
-        "A low eta2 from a critic that explains nothing says little about credit granularity.",
-        "",
-        "## Exclusions",
-        "",
+        "Intervals: eta2 median by a seeded percentile bootstrap over trajectories; fractions by the Wilson score "
+        "interval. Thresholds of the verdict: " + ", ".join(f"{k} = {v}" for k, v in (rec.get("thresholds") or {}).items()) + ".",
     ]
+    sections = [("by_success", "success"), ("by_source", "source"), ("by_turn_bucket", "number of turns"),
+                ("by_critic", "critic")]
+    if len(by_ckpt) == 1:
+        sections.insert(2, ("by_checkpoint", "checkpoint"))
+    sections += [(("breakdowns", k), k) for k in (s.get("breakdowns") or {})]
+    folded = []
+    for key, title in sections:
+        d = s.get(key[0], {}).get(key[1]) if isinstance(key, tuple) else s.get(key)
+        if not d:
+            continue
+        if len(d) == 1:
+            (k, g), = d.items()
+            folded.append(f"{title} = {md_escape(k)} ({g['n_included']} audited)")
+            continue
+        lines += ["", f"## By {title}", "", "| value | trajectories (audited) | median eta2 | SS_B > SS_W |", "|---|---|---|---|"]
+        for k, g in d.items():
+            flag = f" (low n, < {min_n})" if g.get("low_n") else ""
+            lines.append(f"| {md_escape(k)}{flag} | {g['n']} ({g['n_included']}) | {_ci(g['eta2_median'])} | "
+                         f"{_ci(g['frac_ss_between_gt_within'], True)} |")
+    if folded:
+        lines += ["", "One-value breakdowns (folded): every trajectory has " + "; ".join(folded) + "."]
+    lines += ["", "## Exclusions", ""]
     exc = s.get("excluded") or {}
-    lines += [f"- {k}: {v}" for k, v in sorted(exc.items())] or ["- none"]
+    lines += [f"- {md_escape(k)}: {v}" for k, v in sorted(exc.items())] or ["- none"]
     tr = s.get("truncated") or {}
     if tr.get("trajectories"):
         lines.append(f"- truncated to the critic's context (kept, later turns dropped): {_plural(tr['trajectories'], 'trajectory', 'trajectories')}, "
                      f"{_plural(tr['turns'], 'turn', 'turns')}")
-    sections = [("by_success", "success"), ("by_source", "source"), ("by_checkpoint", "checkpoint"),
-                ("by_turn_bucket", "number of turns"), ("by_critic", "critic")]
-    sections += [((("breakdowns", k)), k) for k in (s.get("breakdowns") or {})]
-    for key, title in sections:
-        d = s.get(key[0], {}).get(key[1]) if isinstance(key, tuple) else s.get(key)
-        if not d or len(d) < 1:
-            continue
-        lines += ["", f"## By {title}", "", "| value | trajectories (audited) | median eta2 | SS_B > SS_W |", "|---|---|---|---|"]
-        for k, g in d.items():
-            lines.append(f"| {k} | {g['n']} ({g['n_included']}) | {_ci(g['eta2_median'])} | "
-                         f"{_ci(g['frac_ss_between_gt_within'], True)} |")
     inf = s.get("inference") or {}
     if inf.get("tokens_per_s"):
         lines += ["", "## Critic inference", "",
                   f"{inf.get('real_tokens')} tokens in {inf.get('seconds', 0):.1f} s ({inf['tokens_per_s']:.0f} tokens/s), "
-                  f"{inf.get('dtype')} on {inf.get('device')}"
-                  + (f" ({inf['workers']} workers ({inf['backend']}): {', '.join(inf['devices'])}; {inf.get('startup_seconds', 0):.1f} s "
-                     "to start them)" if inf.get("devices") else "")
+                  f"{md_escape(inf.get('dtype'))} on {md_escape(inf.get('device'))}"
+                  + (f" ({inf['workers']} workers ({md_escape(inf['backend'])}): {md_escape(', '.join(inf['devices']))}; "
+                     f"{inf.get('startup_seconds', 0):.1f} s to start them)" if inf.get("devices") else "")
                   + f", padding efficiency {_n(inf.get('padding_efficiency'))}; "
-                  f"critic `{inf.get('critic')}`."]
+                  f"critic {md_escape(inf.get('critic'))}."]
     lines += ["", "## Plots", ""]
-    titles = dict(PLOTS)
+    titles = {**dict(PLOTS), **EXTRA_PLOTS}
     for stem in plots:
-        lines += [f"### {titles.get(stem, stem)}", "", f"![{stem}](plots/{stem}.png)", ""]
-    lines += ["Definitions: docs/audit.md of critic-audit; numbers from `summary.json`."]
+        if several and stem == "eta2_ev_by_checkpoint":
+            continue  # shown with the table by checkpoint
+        lines += [f"### {titles.get(stem, stem)}", "", f"![{stem}](plots/{stem}.png)",
+                  "", f"[SVG](plots/{stem}.svg)", ""]
+    lines += ["Numbers: [summary.json](summary.json); per-trajectory statistics: trajectories.parquet. "
+              "Definitions: docs/audit.md in the critic-audit repository."]
     return "\n".join(lines) + "\n"
 
 
+_IMAGE = re.compile(r"^!\[([a-z0-9_]+)\]\(plots/([a-z0-9_]+)\.png\)$")
+_LINK = re.compile(r"\[([A-Za-z0-9 .]+)\]\(((?:plots/)?[a-z0-9_]+\.(?:svg|png|json|html|md)|critics/[^()\s]+/report\.html)\)")
+
+
 def report_html(markdown_text: str, folder: Path) -> str:
-    """A self-contained HTML page for the report: tables and headings rendered, PNGs embedded (base64)."""
+    """A self-contained HTML page for the report: tables and headings rendered, plots embedded (base64).
+
+    Only the tool's own plots are embedded: a line ``![stem](plots/stem.png)`` whose stem is one of
+    :data:`PLOTS` (or ``eta2_ev_by_checkpoint``) and whose file lies in ``folder/plots``; nothing a label
+    names is ever read (labels are escaped by :func:`md_escape` and cannot form such a line).
+    """
     body: list[str] = []
     in_table = False
+    known = {stem for stem, _ in PLOTS} | set(EXTRA_PLOTS)
+    plots_dir = (folder / "plots").resolve()
     for line in markdown_text.splitlines():
         if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
             if all(set(c) <= {"-"} for c in cells):
                 continue
             if not in_table:
@@ -159,12 +292,12 @@ def report_html(markdown_text: str, folder: Path) -> str:
         if in_table:
             body.append("</table>")
             in_table = False
-        if line.startswith("!["):
-            stem = line[line.index("(") + 1: line.rindex(")")]
-            png = folder / stem
-            if png.exists():
+        m = _IMAGE.match(line)
+        if m and m.group(1) == m.group(2) and m.group(1) in known:
+            png = plots_dir / f"{m.group(1)}.png"
+            if png.is_file() and png.resolve().parent == plots_dir:
                 data = base64.b64encode(png.read_bytes()).decode()
-                body.append(f'<img alt="{html.escape(stem)}" src="data:image/png;base64,{data}">')
+                body.append(f'<img alt="{m.group(1)}" src="data:image/png;base64,{data}">')
         elif line.startswith("### "):
             body.append(f"<h3>{_inline(line[4:])}</h3>")
         elif line.startswith("## "):
@@ -177,24 +310,52 @@ def report_html(markdown_text: str, folder: Path) -> str:
             body.append(f"<p>{_inline(line)}</p>")
     if in_table:
         body.append("</table>")
-    style = ("body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;line-height:1.45}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}"
-             "img{max-width:100%}")
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;line-height:1.45;padding:0 1em}"
+             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}"
+             "img{max-width:100%}h2{border-bottom:1px solid #ddd;padding-bottom:.2em}")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>critic-audit report</title>"
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
 def _inline(text: str) -> str:
-    out = html.escape(text)
-    parts = out.split("**")
-    out = "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
-    parts = out.split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    """Inline Markdown of the reports to HTML: backslash escapes (literal), ``**bold**``, ```code```
+    and links to the output folder's own files (:data:`_LINK`); everything else is escaped text."""
+    out: list[str] = []
+    bold = code = False
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            out.append(html.escape(text[i + 1]))
+            i += 2
+            continue
+        if text.startswith("**", i) and not code:
+            out.append("</b>" if bold else "<b>")
+            bold = not bold
+            i += 2
+            continue
+        if ch == "`":
+            out.append("</code>" if code else "<code>")
+            code = not code
+            i += 1
+            continue
+        m = _LINK.match(text, i) if ch == "[" and not code else None
+        if m:
+            out.append(f'<a href="{html.escape(m.group(2))}">{html.escape(m.group(1))}</a>')
+            i = m.end()
+            continue
+        out.append(html.escape(ch))
+        i += 1
+    if code:
+        out.append("</code>")
+    if bold:
+        out.append("</b>")
+    return "".join(out)
 
 
 def render_folder(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_trajectory: pl.DataFrame, summary: dict[str, Any]) -> None:
     """Write plots, report.md and report.html into ``folder`` (which already holds the tables)."""
-    stems = render_plots(folder, tokens, per_trajectory)
+    stems = render_plots(folder, tokens, per_trajectory, summary=summary)
     md = report_markdown(summary, stems)
     (folder / "report.md").write_text(md)
     (folder / "report.html").write_text(report_html(md, folder))
@@ -237,17 +398,22 @@ def rerender(folder: str | Path) -> Path:
 
 
 def comparison_markdown(summary: dict[str, Any]) -> str:
-    """Report comparing several critics audited on the same rollouts."""
+    """Report comparing several critics audited on the same rollouts (labels escaped)."""
+    from urllib.parse import quote
+
     lines = ["# Critic audit: several critics on the same rollouts", "",
-             "| critic | audited | median eta2 | SS_B > SS_W | explained variance | corr(mean V, reward) | recommendation |",
-             "|---|---|---|---|---|---|---|"]
+             "| critic | audited | median eta2 | SS_B > SS_W | explained variance (within source) | corr (permutation p) | verdict | report |",
+             "|---|---|---|---|---|---|---|---|"]
     for label in summary["critics"]:
         p = summary["per_critic"][label]
-        q = p.get("critic_quality") or {}
-        lines.append(f"| {label} | {p.get('n_included')} | {_ci(p.get('eta2_median'))} | "
-                     f"{_ci(p.get('frac_ss_between_gt_within'), True)} | {_n(q.get('explained_variance'))} | "
-                     f"{_n(q.get('corr_mean_value_reward'))} | {(p.get('recommendation') or {}).get('verdict')} |")
-    lines += ["", "Each critic's full report: `critics/<critic>/report.md`.", "", "## Plots", ""]
+        g = (p.get("critic_quality") or {}).get("gate") or {}
+        c = g.get("corr_within_stratum") or {}
+        pv = f" (p {c['p_value']:.3f})" if c.get("p_value") is not None else ""
+        lines.append(f"| {md_escape(label)} | {p.get('n_included')} | {_ci(p.get('eta2_median'))} | "
+                     f"{_ci(p.get('frac_ss_between_gt_within'), True)} | {_ci(g.get('explained_variance_within_stratum'))} | "
+                     f"{_n(c.get('estimate'))}{pv} | {(p.get('recommendation') or {}).get('verdict')} | "
+                     f"[report](critics/{quote(str(label), safe='')}/report.html) |")
+    lines += ["", "Each critic's full report: critics/CRITIC/report.html (linked above).", "", "## Plots", ""]
     for stem, title in (("eta2_box", "eta2 per critic"), ("eta2_ecdf", "eta2 ECDF per critic")):
         lines += [f"### {title}", "", f"![{stem}](plots/{stem}.png)", ""]
     return "\n".join(lines) + "\n"

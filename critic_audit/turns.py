@@ -126,12 +126,14 @@ class TokenizeResult:
         excluded: trajectory id -> exclusion reason for the conversations not kept.
         truncated_trajectories: how many kept conversations were truncated.
         truncated_turns: assistant turns removed by truncation, summed.
+        truncated_policy_tokens: policy tokens removed by truncation, summed.
     """
 
     conversations: list[TokenizedConversation]
     excluded: dict[str, str]
     truncated_trajectories: int = 0
     truncated_turns: int = 0
+    truncated_policy_tokens: int = 0
 
     @property
     def excluded_counts(self) -> dict[str, int]:
@@ -392,7 +394,7 @@ def tokenize_conversations(
     renderer = ChatRenderer(tokenizer, config)
     kept: list[TokenizedConversation] = []
     excluded: dict[str, str] = {}
-    n_trunc = n_trunc_turns = 0
+    n_trunc = n_trunc_turns = n_trunc_tokens = 0
     for i, conv in enumerate(convs):
         if progress is not None:
             progress(i, len(convs))
@@ -414,11 +416,12 @@ def tokenize_conversations(
                 continue
             n_trunc += 1
             n_trunc_turns += tc.num_turns - cut.num_turns
+            n_trunc_tokens += int(tc.response_mask.sum()) - int(cut.response_mask.sum())
             tc = cut
         kept.append(tc)
     if progress is not None:
         progress(len(convs), len(convs))
-    return TokenizeResult(kept, excluded, n_trunc, n_trunc_turns)
+    return TokenizeResult(kept, excluded, n_trunc, n_trunc_turns, n_trunc_tokens)
 
 
 def token_table(convs: Sequence[TokenizedConversation], values: Sequence[np.ndarray] | None = None) -> pl.DataFrame:

@@ -253,7 +253,8 @@ def _audit_one(
     token_parts: list[pl.DataFrame] = []
     pre_excluded: dict[str, str] = {}
     inference: dict[str, Any] = {}
-    truncation = {"trajectories": 0, "turns": 0}
+    truncation = {"trajectories": 0, "turns": 0, "policy_tokens": 0}
+    fitted_ids: list[str] | None = None
 
     carried: list[dict[str, Any]] = []
     warnings: list[str] = []
@@ -264,7 +265,7 @@ def _audit_one(
         prior = _prior_summary(p)
         if prior:
             carried.append(prior)
-            for k in ("trajectories", "turns"):
+            for k in ("trajectories", "turns", "policy_tokens"):
                 truncation[k] += int((prior.get("truncated") or {}).get(k, 0))
 
     critic = None
@@ -285,6 +286,7 @@ def _audit_one(
                          "dtype": str(critic.dtype).replace("torch.", "")}
         inference.update(token_budget=scoring.token_budget, backend=scoring.backend if scoring.distributed else
                          "in-process", workers=scoring.workers)
+        fitted_ids = _fitted_ids(scoring.critic)
 
     if chat_inputs:
         max_len = tokenize.max_length or critic.max_length
@@ -295,7 +297,8 @@ def _audit_one(
         tok_res: TokenizeResult = tokenize_conversations(
             convs or [], critic.tokenizer, tcfg,
             progress=(lambda d, n: progress("tokenize", d, n)) if progress else None)
-        truncation = {"trajectories": tok_res.truncated_trajectories, "turns": tok_res.truncated_turns}
+        truncation = {"trajectories": tok_res.truncated_trajectories, "turns": tok_res.truncated_turns,
+                      "policy_tokens": tok_res.truncated_policy_tokens}
         pre_excluded.update(tok_res.excluded)
         unk = getattr(critic.tokenizer, "unk_token_id", None)
         if unk is not None:
@@ -321,7 +324,8 @@ def _audit_one(
         _check_vocabulary(tokens, critic, report, warnings)
         tokens = _score_missing(tokens, critic, scoring, inference, progress)
 
-    result = audit(trajectories, tokens, audit_config, pre_excluded=pre_excluded)
+    result = audit(trajectories, tokens, audit_config, pre_excluded=pre_excluded, fitted_ids=fitted_ids,
+                   truncation=truncation)
     result.summary["truncated"] = truncation
     if not inference and carried:
         # values re-audited from saved tables: say which critic produced them
@@ -358,6 +362,16 @@ def _check_vocabulary(tokens: pl.DataFrame, critic: Any, report: ReadReport, war
         warnings.append(f"{rerendered} ATIF trajectory file(s) carry no usable token ids: their text was re-rendered "
                         "with the critic's chat template, so the tokens scored are not the policy's own (see "
                         "input.notes)")
+
+
+def _fitted_ids(critic: str | Path) -> list[str] | None:
+    """The trajectory ids ``fit-critic`` fitted this critic on (its ``critic_audit.json``), if recorded."""
+    try:
+        meta = json.loads((Path(critic) / "critic_audit.json").read_text())
+    except (OSError, ValueError):
+        return None
+    ids = (meta.get("fit") or {}).get("trajectory_ids") if isinstance(meta, dict) else None
+    return [str(i) for i in ids] if isinstance(ids, list) else None
 
 
 def _write_folder(folder: Path, result: AuditResult, tokens: pl.DataFrame, config: dict[str, Any], plots: bool) -> None:
@@ -476,7 +490,7 @@ def analyze(
             pers.append(result.per_trajectory.with_columns(critic=pl.lit(label)))
             per_summary[label] = {k: result.summary.get(k) for k in (
                 "n_included", "eta2_median", "frac_ss_between_gt_within", "frac_f_gt_1", "omega2_median",
-                "critic_quality", "recommendation", "inference", "excluded")}
+                "critic_quality", "recommendation", "inference", "excluded", "coverage")}
             first_tokens = tokens if first_tokens is None else first_tokens
         per_all = pl.concat(pers, how="vertical_relaxed")
         from critic_audit.analysis.audit import breakdown
@@ -793,6 +807,7 @@ def fit_critic(
     meta = fit_metadata(fit)
     meta["fit"]["inputs"] = [str(p) for p in inputs]
     meta["fit"]["n_conversations"] = len(convs)
+    meta["fit"]["trajectory_ids"] = [t.trajectory_id for t in res.conversations]  # the audit holds these out
     meta["fit"]["excluded"] = res.excluded_counts
     path = save_critic(bdir, fit.weight, fit.bias, out_dir, metadata=meta, overwrite=overwrite)
     info: dict[str, Any] = {"critic": str(path), "metrics": fit.metrics, "excluded": res.excluded_counts,

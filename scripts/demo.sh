@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# README command one: set up, obtain the real SmolLM2-based critic, audit the sample rollouts.
+# README command one: set up, then let the audit tell a weak critic from a structured one.
+#   1. the shipped SmolLM2-135M critic (a linear value head on a frozen small model) on real tau-bench and
+#      FireAct rollouts -> audit_out/       (expected verdict: critic_too_weak, with its reasons)
+#   2. the critics of a small PPO run of our own trainer, one per checkpoint, re-audited from the values
+#      shipped in sample_data/credit_ppo_run (no critic needed) -> audit_trained/
+#      (expected: critic_too_weak while the critic learns, turn_level once it explains the outcome)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,5 +13,9 @@ bash scripts/setup.sh
 # fitted by `critic-audit fit-critic` on held-out tau-bench and FireAct rollouts (sample_data/critic/).
 critic-audit build-critic --backbone smollm2-135m --head sample_data/critic/smollm2_value_head.safetensors \
   --out .cache/critic-smollm2 --overwrite
+echo "== 1/2: the shipped SmolLM2 critic on real rollouts =="
 critic-audit analyze sample_data/tau_bench_airline sample_data/fireact_hotpotqa \
   --critic .cache/critic-smollm2 --dtype bfloat16 --out audit_out "$@"
+echo "== 2/2: our PPO run's critics, by checkpoint (values shipped in sample_data/credit_ppo_run) =="
+critic-audit analyze sample_data/credit_ppo_run/rollouts --out audit_trained
+echo "Reports: audit_out/report.html (weak critic) and audit_trained/report.html (trained critics by checkpoint)."

@@ -232,6 +232,10 @@ def test_fit_critic_then_analyze(rollouts, tmp_path):
     s = json.loads(res2.stdout)
     # on its own fit data a ridge head explains some of the return variance
     assert s["critic_quality"]["explained_variance"] > 0
+    # fit-critic recorded its fit data, so the audit knows the quality is in-sample and refuses a verdict
+    assert json.loads((out / "critic_audit.json").read_text())["fit"]["trajectory_ids"]
+    assert s["critic_quality"]["fit_overlap"]["n_in_fit_data"] == s["critic_quality"]["n_trajectories"] > 0
+    assert s["recommendation"]["verdict"] == "not_enough_data" and "fit data" in s["recommendation"]["text"]
     # build-critic from the head gives the same critic values
     built = tmp_path / "built"
     assert _run("build-critic", "--backbone", lm, "--head", head, "--out", built).exit_code == 0

@@ -319,3 +319,20 @@ def test_z_invariant_to_shift_and_scale_of_values(shift, scale, seed):
     base = turn_scores(turn_means(tok.with_columns(pl.col("value").cast(pl.Float64))))
     moved = turn_scores(turn_means(tok.with_columns(pl.col("value").cast(pl.Float64) * scale + shift)))
     assert moved["z"].to_list() == pytest.approx(base["z"].to_list(), abs=1e-6 * (1 + abs(shift) / scale))
+
+
+def test_num_turns_baseline_uses_the_real_episode_length():
+    """Truncation keeps 3 turns of every episode; failures were longer: the baseline must see that."""
+    rng = np.random.default_rng(0)
+    means = {f"t{i}": list(np.cumsum(rng.normal(size=3))) for i in range(20)}
+    tok = tokens_from_means(means)
+    success = [i % 2 == 0 for i in range(20)]
+    traj = pl.DataFrame({"trajectory_id": list(means), "success": success,
+                         "num_turns": [5 if s else 12 for s in success]}, schema_overrides={"num_turns": pl.Int32})
+    res = monitor(traj, tok, MonitorConfig(n_boot=50))
+    assert res.summary["auroc"]["num_turns"]["estimate"] == 1.0  # failures longer: a perfect baseline
+    assert res.per_trajectory["n_turns"].to_list() == [3] * 20
+    assert sorted(set(res.per_trajectory["episode_turns"].to_list())) == [5, 12]
+    # without num_turns the baseline falls back to the turns with values (all 3: chance)
+    res = monitor(traj.drop("num_turns"), tok, MonitorConfig(n_boot=50))
+    assert res.summary["auroc"]["num_turns"]["estimate"] == 0.5  # every trajectory ties at 3

@@ -1,5 +1,6 @@
 """Plots (checked through their artists), the recommendation rules, report.md/html, `critic-audit plot`."""
 
+import base64
 import json
 
 import numpy as np
@@ -10,7 +11,7 @@ from matplotlib.patches import Rectangle
 from typer.testing import CliRunner
 
 from critic_audit import plots as P
-from critic_audit.analysis.audit import AuditConfig, audit, recommend
+from critic_audit.analysis.audit import AuditConfig, audit
 from critic_audit.cli import app
 from critic_audit.report import render_folder, report_markdown
 
@@ -85,25 +86,6 @@ def test_turn_position_means():
     assert got == pytest.approx(want, rel=1e-6)
 
 
-@pytest.mark.parametrize("eta,frac,ev,corr,verdict", [
-    (0.9, 0.95, 0.3, 0.6, "turn_level"),
-    (0.9, 0.5, 0.3, 0.6, "multiscale"),
-    (0.2, 0.1, 0.3, 0.6, "token_level"),
-    (0.5, 0.5, 0.3, 0.6, "multiscale"),
-    (0.9, 0.95, -0.1, 0.1, "critic_too_weak"),
-    (0.9, 0.95, None, None, "quality_unmeasured"),
-    (0.9, 0.95, None, 0.1, "critic_too_weak"),
-    (0.9, 0.95, 0.01, 0.5, "turn_level"),  # a strong correlation alone is enough
-])
-def test_recommendation_rules(eta, frac, ev, corr, verdict):
-    s = {"eta2_median": {"estimate": eta}, "frac_ss_between_gt_within": {"estimate": frac},
-         "critic_quality": {"explained_variance": ev, "corr_mean_value_reward": corr}}
-    r = recommend(s, AuditConfig())
-    assert r["verdict"] == verdict
-    assert r["thresholds"]["turn_level_eta2"] == 0.7
-    assert recommend(s, AuditConfig(scope="all"))["verdict"] == "not_assessed"
-
-
 def test_report_files_and_plot_command(tmp_path):
     trajs, tokens = _tables()
     res = audit(trajs, tokens, AuditConfig(n_boot=50, group_by=("checkpoint",)))
@@ -114,9 +96,9 @@ def test_report_files_and_plot_command(tmp_path):
     render_folder(tmp_path, tokens, trajs_out, res.summary)
     md = (tmp_path / "report.md").read_text()
     assert f"{res.summary['eta2_median']['estimate']:.3f}" in md
-    assert "Recommendation (" in md and "Thresholds used" in md
+    assert "**Verdict: " in md and "Thresholds of the verdict" in md
     html = (tmp_path / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 7 and "<table>" in html
+    assert html.count("data:image/png;base64,") == 8 and "<table>" in html  # 7 + eta2/EV by checkpoint
     # re-render through the CLI after deleting the plots
     import shutil
 
@@ -172,3 +154,79 @@ def test_breakdown_natural_order_metadata_and_small_groups():
     assert list(trial) == ["0", "1"] and trial["0"]["n"] == 3
     with pytest.raises(Exception, match="no trajectory column or metadata field 'nope'"):
         breakdown(res.per_trajectory, "nope")
+
+
+def test_labels_are_escaped_and_nothing_outside_plots_is_embedded(tmp_path):
+    """Issue 12 item 3: a label naming a local file must neither embed it nor form a Markdown image."""
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"\x89PNG SECRET-BYTES")
+    evil = f"x\n![leak]({secret})\ny"
+    trajs, tokens = _tables(n=12)
+    trajs = trajs.with_columns(checkpoint=pl.Series([evil if i % 2 else "c1" for i in range(12)]),
+                               source=pl.lit(evil), group_id=pl.lit(f"[link]({secret})"))
+    res = audit(trajs, tokens, AuditConfig(n_boot=50, n_perm=50, group_by=("group_id",)))
+    out = tmp_path / "out"
+    out.mkdir()
+    render_folder(out, tokens, res.per_trajectory, res.summary)
+    md = (out / "report.md").read_text()
+    for line in md.splitlines():  # the only image lines are the tool's own plots
+        if line.startswith("!["):
+            assert line.startswith("![") and "](plots/" in line and str(secret) not in line
+    assert "\\!\\[leak\\]" in md  # escaped, visible as text
+    page = (out / "report.html").read_text()
+    assert "SECRET-BYTES" not in page and base64.b64encode(secret.read_bytes()).decode() not in page
+    assert f'href="{secret}"' not in page and "<img" in page
+    assert page.count("data:image/png;base64,") == 8  # 7 plots + eta2/EV by checkpoint
+    # the renderer never reads a file a crafted line names, even one under plots/ with an unknown stem
+    from critic_audit.report import report_html
+
+    (out / "plots" / "other.png").write_bytes(b"OTHER")
+    crafted = f"![leak]({secret})\n![other](plots/other.png)\n![eta2_hist](plots/../secret.png)\n"
+    assert "base64" not in report_html(crafted, out)
+
+
+def test_report_order_folding_and_links(tmp_path):
+    trajs, tokens = _tables(n=12)
+    res = audit(trajs, tokens, AuditConfig(n_boot=50, n_perm=50))
+    md = report_markdown(res.summary, ["eta2_hist"])
+    i_verdict, i_cov, i_q, i_head = (md.index(k) for k in ("**Verdict:", "**Coverage.**", "## Critic quality",
+                                                            "## Headline"))
+    assert i_verdict < i_cov < i_q < i_head
+    assert "## By source" not in md and "every trajectory has source = s (12 audited)" in md  # folded
+    from critic_audit.report import _inline
+
+    assert _inline("[summary.json](summary.json)") == '<a href="summary.json">summary.json</a>'
+    assert _inline("[x](/etc/passwd)") == "[x](/etc/passwd)"  # not a link to the folder's own files
+    assert _inline("a \\*\\*b\\*\\* **c**") == "a **b** <b>c</b>"
+
+
+def test_low_n_rows_flagged_without_verdict():
+    trajs, tokens = _tables(n=24)
+    trajs = trajs.with_columns(checkpoint=pl.Series(["a"] * 20 + ["b"] * 4))
+    s = audit(trajs, tokens, AuditConfig(n_boot=50, n_perm=50)).summary
+    assert s["by_checkpoint"]["b"]["low_n"] and s["by_checkpoint"]["b"]["recommendation"] is None
+    assert not s["by_checkpoint"]["a"]["low_n"] and s["by_checkpoint"]["a"]["recommendation"]["verdict"]
+    # the latest checkpoint has too few trajectories: the headline gives no verdict
+    assert s["recommendation"]["verdict"] == "not_enough_data" and s["recommendation"]["checkpoint"] == "b"
+    assert "| b (low n, < 10)" not in report_markdown(s, [])  # checkpoints have their own table
+    assert "low n (< 10): no verdict" in report_markdown(s, [])
+
+
+def test_degenerate_inputs_render_without_warnings(tmp_path):
+    """Flat critic, one outcome only, nothing included: a verdict with its reason and no library warnings."""
+    import warnings
+
+    cases = {}
+    trajs, tokens = _tables(n=8)
+    cases["flat"] = (trajs, tokens.with_columns(value=pl.lit(0.5, dtype=pl.Float32)))
+    cases["one_outcome"] = (trajs.with_columns(success=pl.lit(True), reward=pl.lit(1.0)), tokens)
+    cases["single_turn"] = (trajs.with_columns(num_turns=pl.lit(1, dtype=pl.Int32)),
+                            tokens.with_columns(turn=pl.lit(0, dtype=pl.Int32)))
+    for name, (tr, tk) in cases.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            res = audit(tr, tk, AuditConfig(n_boot=20, n_perm=20))
+            render_folder(tmp_path / name, tk, res.per_trajectory, res.summary)
+        rec = res.summary["recommendation"]
+        assert not rec["confident"] and rec["text"], name
+        assert (tmp_path / name / "report.html").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import numpy as np
 import polars as pl
 
 from critic_audit.analysis.decompose import bootstrap_ci, decompose
+from critic_audit.analysis.quality import (GateConfig, TrajectorySums, pooled_ev, outcome_split, quality_gate,
+                                           wilson_interval)
 from critic_audit.errors import ConfigError, SchemaError
 
 SCOPES = ("assistant", "all")
@@ -44,10 +47,17 @@ class AuditConfig:
         turn_level_eta2: [ours] recommend turn-level credit when the median eta2 and the fraction
             SS_B > SS_W are both at least this.
         token_level_eta2: [ours] recommend keeping token-level credit when the median eta2 is at most this.
-        min_explained_variance: [ours] below this explained variance, and with
-            ``|corr(mean V, reward)| < min_corr``, the critic is judged to explain too little for its
-            structure to recommend anything.
-        min_corr: [ours] see ``min_explained_variance``.
+        min_explained_variance: [ours] the quality gate's floor on the within-stratum explained
+            variance (its 95% interval must also lie above 0); see :mod:`critic_audit.analysis.quality`.
+        min_corr: [ours] the gate's floor on the within-stratum correlation of mean value and reward
+            (which must also be positive and significant at ``alpha``).
+        min_per_outcome: [ours] trajectories needed with each outcome (success, failure) for any
+            credit verdict; below it the verdict is ``not_enough_data``.
+        alpha: one-sided level of the gate's permutation test.
+        n_perm: permutations of that test.
+        min_group_n: breakdown rows with fewer audited trajectories are flagged ``low_n`` and get no
+            verdict of their own.
+        low_coverage: below this share of the rollouts' assistant turns audited, the headline warns.
     """
 
     scope: str = "assistant"
@@ -58,11 +68,19 @@ class AuditConfig:
     turn_level_eta2: float = 0.7
     token_level_eta2: float = 0.3
     min_explained_variance: float = 0.05
-    min_corr: float = 0.3
+    min_corr: float = 0.1
+    min_per_outcome: int = 5
+    alpha: float = 0.05
+    n_perm: int = 2000
+    min_group_n: int = 10
+    low_coverage: float = 0.8
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
             raise ConfigError(f"unknown scope {self.scope!r}", fix="use --scope assistant or --scope all")
+        if self.min_per_outcome < 1:
+            raise ConfigError(f"min_per_outcome must be at least 1, got {self.min_per_outcome}",
+                              fix="use e.g. 5")
         if self.n_boot < 1:
             raise ConfigError(f"--bootstrap must be at least 1, got {self.n_boot}", fix="use e.g. --bootstrap 2000")
 
@@ -104,9 +122,9 @@ def _bucket_label(k: int, edges: tuple[int, ...]) -> str:
 def _group_stats(df: pl.DataFrame, config: AuditConfig) -> dict[str, Any]:
     inc = df.filter(pl.col("excluded").is_null())
     eta = inc["eta2"].to_numpy()
-    out: dict[str, Any] = {"n": df.height, "n_included": inc.height}
+    out: dict[str, Any] = {"n": df.height, "n_included": inc.height, "low_n": inc.height < config.min_group_n}
     out["eta2_median"] = _ci_entry(eta, "median", config)
-    out["frac_ss_between_gt_within"] = _ci_entry(inc["reading_a"].cast(pl.Float64).to_numpy(), "mean", config)
+    out["frac_ss_between_gt_within"] = _frac_entry(inc["reading_a"])
     return out
 
 
@@ -115,6 +133,14 @@ def _ci_entry(x: np.ndarray, stat: str, config: AuditConfig) -> dict[str, Any]:
     est, lo, hi = bootstrap_ci(x, stat, n_boot=config.n_boot, seed=config.seed)
     n = int(np.isfinite(np.asarray(x, dtype=np.float64)).sum())
     return {"estimate": _num(est), "ci95": [_num(lo), _num(hi)] if n >= 2 else None}
+
+
+def _frac_entry(flags: pl.Series) -> dict[str, Any]:
+    """A fraction of trajectories: ``{"estimate", "ci95" (Wilson score, null when n = 0), "k", "n"}``."""
+    f = flags.drop_nulls().cast(pl.Boolean)
+    n, k = f.len(), int(f.sum()) if f.len() else 0
+    ci = wilson_interval(k, n)
+    return {"estimate": k / n if n else None, "ci95": list(ci) if ci else None, "k": k, "n": n}
 
 
 def _num(x: Any) -> Any:
@@ -170,6 +196,8 @@ def audit(
     config: AuditConfig = AuditConfig(),
     *,
     pre_excluded: dict[str, str] | None = None,
+    fitted_ids: Collection[str] | None = None,
+    truncation: dict[str, int] | None = None,
 ) -> AuditResult:
     """Decompose critic values into between-turn and within-turn variance, per trajectory and overall.
 
@@ -180,6 +208,10 @@ def audit(
         config: :class:`AuditConfig`.
         pre_excluded: trajectory id -> reason for trajectories excluded before scoring (no assistant
             turn, over-long); they count in the exclusions but have no token rows.
+        fitted_ids: trajectory ids the critic was fitted on (``fit-critic`` records them); the quality
+            gate judges the critic on the others only.
+        truncation: ``{"trajectories", "turns", "policy_tokens"}`` cut by ``--max-length`` before
+            scoring, for the coverage line (turns read come from ``num_turns``, the episode length).
 
     Returns:
         :class:`AuditResult`.
@@ -206,7 +238,7 @@ def audit(
         num_trajectories=len(ids),
     )
     per = pl.concat([trajectories, stats], how="horizontal")
-    return _finish(per, config, pre_excluded, critic_quality(per, sel))
+    return _finish(per, config, pre_excluded, sel.lazy(), fitted_ids, truncation)
 
 
 def audit_parquet(
@@ -215,6 +247,8 @@ def audit_parquet(
     config: AuditConfig = AuditConfig(),
     *,
     pre_excluded: dict[str, str] | None = None,
+    fitted_ids: Collection[str] | None = None,
+    truncation: dict[str, int] | None = None,
     batch_rows: int = 1 << 20,
 ) -> AuditResult:
     """:func:`audit` for a tokens table on disk, streamed: memory stays bounded by ``batch_rows``.
@@ -240,11 +274,11 @@ def audit_parquet(
                            n_tokens=pl.col("n_tokens").fill_null(0), n_turns=pl.col("n_turns").fill_null(0),
                            n_boundary_steps=pl.col("n_boundary_steps").fill_null(0),
                            n_within_steps=pl.col("n_within_steps").fill_null(0))
-    return _finish(per, config, pre_excluded, critic_quality_lazy(per, pl.scan_parquet(tokens_path)))
+    return _finish(per, config, pre_excluded, pl.scan_parquet(tokens_path), fitted_ids, truncation)
 
 
-def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str] | None,
-            quality: dict[str, Any]) -> AuditResult:
+def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str] | None, tokens: pl.LazyFrame,
+            fitted_ids: Collection[str] | None, truncation: dict[str, int] | None) -> AuditResult:
     """Exclusions before scoring, turn buckets, and the summary, from the per-trajectory table."""
     pre = pre_excluded or {}
     if pre:
@@ -266,9 +300,10 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
         "n_turns_included": int(inc["n_turns"].sum()) if inc.height else 0,
         "n_tokens_included": int(inc["n_tokens"].sum()) if inc.height else 0,
     }
-    summary.update({k: v for k, v in _group_stats(per, config).items() if k not in ("n", "n_included")})
+    summary["coverage"] = coverage(per, truncation, config)
+    summary.update({k: v for k, v in _group_stats(per, config).items() if k not in ("n", "n_included", "low_n")})
     for reading, label in (("reading_b", "frac_var_turn_means_gt_mean_within_var"), ("reading_c", "frac_f_gt_1")):
-        summary[label] = _ci_entry(inc[reading].cast(pl.Float64).to_numpy(), "mean", config)
+        summary[label] = _frac_entry(inc[reading])
     for col in ("omega2", "icc1", "f_stat"):
         vals = inc[col].fill_nan(None).drop_nulls()
         summary[f"{col}_median"] = _num(float(np.median(vals.to_numpy())) if vals.len() else None)
@@ -280,109 +315,267 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
         "n_boundary_steps": int(n_b),
         "n_within_steps": int(n_w),
     }
-    summary["critic_quality"] = quality
+    qper = _with_token_sums(per, tokens)
+    summary["critic_quality"] = _quality(qper, config, fitted_ids)
     summary["by_success"] = breakdown(per, "success", config)
     summary["by_source"] = breakdown(per, "source", config)
-    summary["by_checkpoint"] = breakdown(per, "checkpoint", config)
+    summary["by_checkpoint"] = _by_checkpoint(qper, summary, config, fitted_ids)
     summary["by_turn_bucket"] = breakdown(per, "turn_bucket", config)
     for col in config.group_by:
         summary.setdefault("breakdowns", {})[col] = breakdown(per, col, config)
+    summary["min_group_n"] = config.min_group_n
     summary["paper_reference"] = PAPER_REFERENCE
-    summary["recommendation"] = recommend(summary, config)
+    summary["recommendation"] = _headline_verdict(summary, config)
     return AuditResult(per, summary)
 
 
+def _headline_verdict(summary: dict[str, Any], config: AuditConfig) -> dict[str, Any]:
+    """:func:`recommend` on the pooled numbers; with several checkpoints (different critics, whose
+    pooled numbers mix them) the verdict is the latest checkpoint's, the pooled one kept beside it."""
+    pooled = recommend(summary, config)
+    rows = summary.get("by_checkpoint") or {}
+    if len(rows) < 2 or pooled["verdict"] == "not_assessed":
+        return pooled
+    key = next((k for k in reversed(rows) if k != "unknown"), list(rows)[-1])
+    row = rows[key]
+    lead = (f"{len(rows)} checkpoints audited, each critic judged on its own rollouts (see the table by checkpoint); "
+            "the pooled numbers mix different critics. ")
+    if row.get("low_n") or not row.get("recommendation"):
+        rec = {**pooled, "verdict": "not_enough_data", "confident": False,
+               "text": lead + f"The latest checkpoint, {key}, has {row['n_included']} audited trajectories "
+                              f"(< {config.min_group_n}): no verdict.",
+               "reasons": [f"latest checkpoint {key}: {row['n_included']} audited trajectories < {config.min_group_n}"]}
+    else:
+        r = row["recommendation"]
+        rec = {**r, "text": lead + f"Latest checkpoint, {key}: {r['text']}"}
+    rec["checkpoint"] = key
+    rec["pooled"] = {"verdict": pooled["verdict"], "confident": pooled["confident"]}
+    return rec
+
+
+#: Verdicts that recommend a credit granularity; every other verdict says why none is given.
+CONFIDENT_VERDICTS = ("turn_level", "token_level", "multiscale")
+
+
+def coverage(per: pl.DataFrame, truncation: dict[str, int] | None, config: AuditConfig = AuditConfig()) -> dict[str, Any]:
+    """What share of the rollouts the headline rests on: trajectories, assistant turns and policy tokens
+    audited out of those read.
+
+    Turns read are the episodes' real lengths (``num_turns`` of the trajectories table, before any
+    truncation); policy tokens read are those tokenized, plus those ``--max-length`` cut
+    (``truncation["policy_tokens"]``). Returns ``{"trajectories", "turns", "tokens"}`` (each
+    ``{"audited", "read", "share"}``), ``low`` (turn share below ``config.low_coverage``) and ``warning``.
+    """
+    tr = truncation or {}
+    inc = per.filter(pl.col("excluded").is_null())
+
+    def entry(audited: int, read: int) -> dict[str, Any]:
+        return {"audited": audited, "read": read, "share": _num(audited / read) if read else None}
+
+    turns_audited = int(inc["n_turns"].sum()) if inc.height else 0
+    if config.scope != "assistant":  # groups include user/tool segments: count the assistant turns kept
+        turns_audited = int(inc["num_turns"].sum()) if inc.height else 0
+    cov = {
+        "trajectories": entry(inc.height, per.height),
+        "turns": entry(turns_audited, int(per["num_turns"].sum()) if per.height else 0),
+        "tokens": entry(int(inc["n_tokens"].sum()) if inc.height else 0,
+                        (int(per["n_tokens"].sum()) if per.height else 0) + int(tr.get("policy_tokens", 0))),
+    }
+    share = cov["turns"]["share"]
+    cov["low"] = share is not None and share < config.low_coverage
+    cov["warning"] = None
+    if cov["low"]:
+        why = []
+        if tr.get("turns"):
+            why.append(f"{tr['turns']} cut by --max-length")
+        if per.height - inc.height:
+            why.append(f"{per.height - inc.height} trajectories excluded")
+        why_s = f" ({'; '.join(why)})" if why else ""
+        cov["warning"] = (f"no assistant turn was audited{why_s}" if not cov["turns"]["audited"] else
+                          f"only {cov['turns']['audited']} of {cov['turns']['read']} assistant turns "
+                          f"({100 * share:.1f}%) were audited{why_s}: the figures describe the turns kept, which "
+                          "may not represent whole episodes")
+    return cov
+
+
+def _by_checkpoint(per: pl.DataFrame, summary: dict[str, Any], config: AuditConfig,
+                   fitted_ids: Collection[str] | None) -> dict[str, Any]:
+    """The checkpoint breakdown; with several checkpoints (a training run's critics) each row with at
+    least ``min_group_n`` audited trajectories gets its own critic quality and verdict."""
+    rows = breakdown(per, "checkpoint", config)
+    if len(rows) < 2:
+        return rows
+    for key, row in rows.items():
+        if row["low_n"]:
+            row["recommendation"] = None
+            continue
+        part = per.filter(pl.col("checkpoint").is_null() if key == "unknown" else
+                          pl.col("checkpoint").cast(pl.String) == key)
+        q = _quality(part, config, fitted_ids, per_source=False)
+        row["critic_quality"] = q
+        for reading, label in (("reading_b", "frac_var_turn_means_gt_mean_within_var"), ("reading_c", "frac_f_gt_1")):
+            row[label] = _frac_entry(part.filter(pl.col("excluded").is_null())[reading])
+        row["recommendation"] = recommend({**row, "critic_quality": q, "excluded": {}}, config)
+    return rows
+
+
 def recommend(summary: dict[str, Any], config: AuditConfig = AuditConfig()) -> dict[str, Any]:
-    """A plain recommendation on credit granularity from the headline and the critic's quality.
+    """A plain recommendation on credit granularity from the headline and the critic's quality gate.
 
-    Rules ([ours]; thresholds in :class:`AuditConfig`, stated in the output):
+    Rules ([ours]; thresholds in :class:`AuditConfig`, stated in the output), in order:
 
-    1. The critic explains too little (explained variance < ``min_explained_variance`` and
-       ``|corr(mean V, reward)| < min_corr``, or no rewards to judge it): no recommendation from
-       structure; improve or train the critic first.
-    2. Median eta2 and fraction (a) both >= ``turn_level_eta2``: the value moves between turns; turn-level
-       credit (MPO's turn GAE, arXiv:2610.35013) fits.
-    3. Median eta2 <= ``token_level_eta2``: the value moves mostly inside turns; keep token-level credit
-       (PPO/GAE), or MPO with the intra-turn refinement on (beta = 1).
-    4. Otherwise: both scales carry variance; MPO with the intra-turn refinement (beta = 1).
+    1. nothing audited: ``no_data``, with the exclusions; ``--scope all``: ``not_assessed``.
+    2. no reward varies: ``quality_unmeasured``.
+    3. fewer than ``min_per_outcome`` judged trajectories with one of the outcomes: ``not_enough_data``.
+    4. the gate fails (:mod:`critic_audit.analysis.quality`: the correlation of mean value and reward
+       not positive, below ``min_corr`` or not significant at ``alpha``; the explained variance below
+       ``min_explained_variance`` or its 95% interval reaching 0): ``critic_too_weak``.
+    5. Median eta2 and fraction (a) both >= ``turn_level_eta2``: ``turn_level`` (MPO's turn GAE,
+       arXiv:2610.35013).
+    6. Median eta2 <= ``token_level_eta2``: ``token_level`` (PPO/GAE, or MPO with beta = 1).
+    7. Otherwise ``multiscale`` (MPO with the intra-turn refinement, beta = 1).
 
-    Returns ``{"verdict", "text", "thresholds"}``; verdict is one of ``critic_too_weak``,
-    ``turn_level``, ``token_level``, ``multiscale``, ``no_data``, ``quality_unmeasured`` (no usable
-    rewards) and ``not_assessed`` (``--scope all``).
+    Returns ``{"verdict", "confident", "text", "reasons", "thresholds"}``; ``confident`` is True for
+    the three credit verdicts only.
     """
     th = {"turn_level_eta2": config.turn_level_eta2, "token_level_eta2": config.token_level_eta2,
-          "min_explained_variance": config.min_explained_variance, "min_corr": config.min_corr}
+          "min_explained_variance": config.min_explained_variance, "min_corr": config.min_corr,
+          "min_per_outcome": config.min_per_outcome, "alpha": config.alpha}
     eta = (summary.get("eta2_median") or {}).get("estimate")
     frac = (summary.get("frac_ss_between_gt_within") or {}).get("estimate")
-    q = summary.get("critic_quality") or {}
-    ev, corr = q.get("explained_variance"), q.get("corr_mean_value_reward")
+    gate = (summary.get("critic_quality") or {}).get("gate") or {}
+
+    def out(verdict: str, text: str, reasons: list[str] | None = None) -> dict[str, Any]:
+        cov = summary.get("coverage") or {}
+        if verdict in CONFIDENT_VERDICTS and cov.get("low"):
+            text += f" Caution: {cov['warning']}."
+        return {"verdict": verdict, "confident": verdict in CONFIDENT_VERDICTS, "text": text,
+                "reasons": reasons or [], "thresholds": th}
+
     if eta is None:
-        return {"verdict": "no_data", "text": "No trajectory could be audited (see the exclusions).", "thresholds": th}
+        exc = summary.get("excluded") or {}
+        why = ", ".join(f"{k}: {v}" for k, v in sorted(exc.items())) or "no trajectories"
+        flat = " The critic gives every token the same value (flat_critic): it carries no signal." \
+            if exc and set(exc) == {"flat_critic"} else ""
+        return out("no_data", f"No trajectory could be audited ({why}).{flat}", [f"excluded: {why}"])
     if config.scope != "assistant":
-        return {"verdict": "not_assessed",
-                "text": (f"With --scope {config.scope} the groups include user/tool/template segments, so the "
-                         "numbers describe the whole sequence, not the policy's turns; the recommendation on credit "
-                         "granularity is made with --scope assistant."), "thresholds": th}
-    if ev is None and corr is None:
-        return {"verdict": "quality_unmeasured",
-                "text": (f"The critic's quality could not be measured (no rewards, rewards all equal, or fewer than "
-                         f"2 audited trajectories with rewards), so the structure of its values (median eta2 "
-                         f"{eta:.3f}) is reported without a recommendation."), "thresholds": th}
-    weak = ((ev is None or ev < config.min_explained_variance) and (corr is None or abs(corr) < config.min_corr))
-    if weak:
-        ev_s = "n/a" if ev is None else f"{ev:.3f}"
-        corr_s = "n/a" if corr is None else f"{corr:.3f}"
-        text = (f"The critic explains too little of the outcome (explained variance {ev_s} < "
-                f"{config.min_explained_variance}, |corr(mean V, reward)| {corr_s} < {config.min_corr}), so the "
-                f"structure of its values (median eta2 {eta:.3f}) is not evidence for a credit granularity. "
-                "Train or fit a stronger critic, then audit again.")
-        return {"verdict": "critic_too_weak", "text": text, "thresholds": th}
+        return out("not_assessed", (f"With --scope {config.scope} the groups include user/tool/template segments, so "
+                                    "the numbers describe the whole sequence, not the policy's turns; the "
+                                    "recommendation on credit granularity is made with --scope assistant."))
+    status = gate.get("status")
+    reasons = list(gate.get("reasons") or [])
+    if status in (None, "unmeasured"):
+        return out("quality_unmeasured", (f"The critic's quality could not be measured (no rewards, or rewards "
+                                          f"that do not vary within any source), so the structure of its values "
+                                          f"(median eta2 {eta:.3f}) is reported without a recommendation."), reasons)
+    if status == "not_enough_data":
+        return out("not_enough_data", (f"Not enough data to judge the critic: {'; '.join(reasons)}. The structure "
+                                       f"of its values (median eta2 {eta:.3f}) is reported without a "
+                                       "recommendation; audit more rollouts with both outcomes."), reasons)
+    if status != "passed":
+        return out("critic_too_weak", (f"The critic does not explain the outcome ({'; '.join(reasons)}), so the "
+                                       f"structure of its values (median eta2 {eta:.3f}) is not evidence for a "
+                                       "credit granularity. Train or fit a stronger critic, then audit again."),
+                   reasons)
     if eta >= config.turn_level_eta2 and (frac or 0) >= config.turn_level_eta2:
-        text = (f"Median eta2 {eta:.3f} and {100 * frac:.1f}% of trajectories with SS_B > SS_W (both >= "
-                f"{config.turn_level_eta2}): the value moves between turns, not inside them. Turn-level credit "
-                "(MPO's turn GAE; a small beta) fits this critic.")
-        return {"verdict": "turn_level", "text": text, "thresholds": th}
+        return out("turn_level", (f"Median eta2 {eta:.3f} and {100 * frac:.1f}% of trajectories with SS_B > SS_W "
+                                  f"(both >= {config.turn_level_eta2}): the value moves between turns, not inside "
+                                  "them. Turn-level credit (MPO's turn GAE; a small beta) fits this critic."))
     if eta <= config.token_level_eta2:
-        text = (f"Median eta2 {eta:.3f} <= {config.token_level_eta2}: most value variance lies inside turns. "
-                "Keep token-level credit (PPO/GAE), or MPO with the intra-turn refinement on (beta = 1).")
-        return {"verdict": "token_level", "text": text, "thresholds": th}
-    text = (f"Median eta2 {eta:.3f} lies between {config.token_level_eta2} and {config.turn_level_eta2}: both "
-            "scales carry variance. MPO with the intra-turn refinement (beta = 1) uses both.")
-    return {"verdict": "multiscale", "text": text, "thresholds": th}
+        return out("token_level", (f"Median eta2 {eta:.3f} <= {config.token_level_eta2}: most value variance lies "
+                                   "inside turns. Keep token-level credit (PPO/GAE), or MPO with the intra-turn "
+                                   "refinement on (beta = 1)."))
+    return out("multiscale", (f"Median eta2 {eta:.3f} lies between {config.token_level_eta2} and "
+                              f"{config.turn_level_eta2}: both scales carry variance. MPO with the intra-turn "
+                              "refinement (beta = 1) uses both."))
 
 
-def critic_quality(per_trajectory: pl.DataFrame, selected_tokens: pl.DataFrame) -> dict[str, Any]:
-    """How well the critic predicts outcomes on the same rollouts (AUDIT.md, "Critic quality").
+def critic_quality(per_trajectory: pl.DataFrame, selected_tokens: pl.DataFrame, config: AuditConfig = AuditConfig(),
+                   *, fitted_ids: Collection[str] | None = None) -> dict[str, Any]:
+    """How well the critic predicts outcomes (AUDIT.md, "Critic quality"), and its quality gate.
 
     ``explained_variance`` pools every policy token of the included trajectories (target = the
     trajectory's reward: the Monte-Carlo return with gamma = 1 and an outcome reward);
-    ``corr_mean_value_reward`` is the Pearson correlation of each trajectory's mean value with its reward.
-    Both are None when the rollouts carry no rewards.
+    ``corr_mean_value_reward`` is the Pearson correlation of each trajectory's mean value with its reward;
+    both are None when the rollouts carry no rewards. ``gate`` is
+    :func:`critic_audit.analysis.quality.quality_gate` on the included trajectories with a reward that
+    are not in ``fitted_ids`` (the critic's own fit data, when ``fit-critic`` recorded it);
+    ``by_source`` the same per source when there are several.
     """
-    return critic_quality_lazy(per_trajectory, selected_tokens.lazy())
+    return critic_quality_lazy(per_trajectory, selected_tokens.lazy(), config, fitted_ids=fitted_ids)
 
 
-def critic_quality_lazy(per_trajectory: pl.DataFrame, tokens: pl.LazyFrame) -> dict[str, Any]:
-    """:func:`critic_quality` over a lazy tokens table (streamed: five running sums over policy tokens)."""
-    inc = per_trajectory.filter(pl.col("excluded").is_null() & pl.col("reward").is_not_null())
-    if inc.height < 2:
-        return {"explained_variance": None, "corr_mean_value_reward": None, "n_trajectories": inc.height}
-    # EV = 1 - Var(R - V) / Var(R), pooled over tokens, from running sums (float64)
-    sums = (tokens.filter(pl.col("response_mask"))
-            .join(inc.lazy().select("trajectory_id", "reward"), on="trajectory_id", how="inner")
-            .select(n=pl.len(), sr=pl.col("reward").sum(), srr=(pl.col("reward") ** 2).sum(),
-                    se=(pl.col("reward") - pl.col("value").cast(pl.Float64)).sum(),
-                    see=((pl.col("reward") - pl.col("value").cast(pl.Float64)) ** 2).sum())
-            .collect(engine="streaming").row(0, named=True))
-    n = sums["n"]
-    var_r = sums["srr"] / n - (sums["sr"] / n) ** 2 if n else 0.0
-    var_e = sums["see"] / n - (sums["se"] / n) ** 2 if n else 0.0
-    ev = 1.0 - var_e / var_r if n and var_r > 1e-12 * max(1.0, sums["srr"] / n) else float("nan")
-    mv, rw = inc["value_mean"].to_numpy(), inc["reward"].to_numpy()
-    corr = float(np.corrcoef(mv, rw)[0, 1]) if np.std(mv) > 0 and np.std(rw) > 0 else float("nan")
-    return {
-        "explained_variance": _num(ev),
-        "corr_mean_value_reward": _num(corr),
-        "n_trajectories": inc.height,
-        "n_tokens": int(n),
-    }
+def critic_quality_lazy(per_trajectory: pl.DataFrame, tokens: pl.LazyFrame, config: AuditConfig = AuditConfig(),
+                        *, fitted_ids: Collection[str] | None = None) -> dict[str, Any]:
+    """:func:`critic_quality` over a lazy tokens table (streamed: one group-by over policy tokens)."""
+    return _quality(_with_token_sums(per_trajectory, tokens), config, fitted_ids)
+
+
+def _with_token_sums(per: pl.DataFrame, tokens: pl.LazyFrame) -> pl.DataFrame:
+    """``per`` with ``_qn``, ``_qem``, ``_qm2``: each trajectory's policy tokens and the mean and the
+    sum of squared deviations of ``reward - value`` over them (null without a reward)."""
+    err = pl.col("reward") - pl.col("value").cast(pl.Float64)
+    sums = (tokens.filter(pl.col("response_mask") & pl.col("value").is_not_null())
+            .select("trajectory_id", "value")
+            .join(per.lazy().filter(pl.col("reward").is_not_null()).select("trajectory_id", "reward"),
+                  on="trajectory_id", how="inner")
+            .group_by("trajectory_id")
+            .agg(_qn=pl.len().cast(pl.Float64), _qem=err.mean(), _qm2=((err - err.mean()) ** 2).sum())
+            .collect(engine="streaming"))
+    return per.join(sums, on="trajectory_id", how="left", maintain_order="left")
+
+
+def _gate_inputs(df: pl.DataFrame) -> TrajectorySums:
+    strata = df.select(pl.col("source").cast(pl.String).fill_null(""),
+                       pl.col("checkpoint").cast(pl.String).fill_null("")).hash_rows().to_numpy()
+    reward = df["reward"].cast(pl.Float64).to_numpy()
+    success = df["success"].drop_nulls().to_numpy().astype(bool) if df["success"].null_count() == 0 else None
+    return TrajectorySums(stratum=np.unique(strata, return_inverse=True)[1] if strata.size else strata,
+                          reward=reward, mean_value=df["value_mean"].cast(pl.Float64).to_numpy(),
+                          n_tokens=df["_qn"].to_numpy(), err_mean=df["_qem"].to_numpy(),
+                          err_m2=df["_qm2"].to_numpy(), positive=outcome_split(reward),
+                          success=success)
+
+
+def _gate_config(config: AuditConfig) -> GateConfig:
+    return GateConfig(min_per_outcome=config.min_per_outcome, alpha=config.alpha, min_corr=config.min_corr,
+                      min_explained_variance=config.min_explained_variance, n_perm=config.n_perm,
+                      n_boot=config.n_boot, seed=config.seed)
+
+
+def _quality(per: pl.DataFrame, config: AuditConfig, fitted_ids: Collection[str] | None = None,
+             *, per_source: bool = True) -> dict[str, Any]:
+    """Critic quality of the included, rewarded, valued trajectories of ``per`` (with token sums)."""
+    inc = per.filter(pl.col("excluded").is_null() & pl.col("reward").is_not_null() & pl.col("_qn").is_not_null()
+                     & pl.col("value_mean").is_finite())
+    out: dict[str, Any] = {"explained_variance": None, "corr_mean_value_reward": None, "n_trajectories": inc.height,
+                           "n_tokens": int(inc["_qn"].sum()) if inc.height else 0}
+    if inc.height >= 2:
+        n, em, m2, r = (inc[c].cast(pl.Float64).to_numpy() for c in ("_qn", "_qem", "_qm2", "reward"))
+        ev, _ = pooled_ev(n, em, m2, r)
+        mv = inc["value_mean"].to_numpy()
+        corr = float(np.corrcoef(mv, r)[0, 1]) if np.std(mv) > 0 and np.std(r) > 0 else float("nan")
+        out.update(explained_variance=_num(ev), corr_mean_value_reward=_num(corr))
+    held = inc
+    if fitted_ids:
+        fit = pl.Series(list(fitted_ids), dtype=pl.String).implode()
+        in_fit = inc["trajectory_id"].cast(pl.String).is_in(fit)
+        n_overlap = int(in_fit.sum())
+        held = inc.filter(~in_fit)
+        out["fit_overlap"] = {"n_in_fit_data": n_overlap, "n_held_out": held.height,
+                              "note": (f"{n_overlap} of these {inc.height} trajectories are the critic's own fit "
+                                       "data (fit-critic): the gate judges the critic on the other "
+                                       f"{held.height} only") if n_overlap else "none of these trajectories is in "
+                                      "the critic's fit data"}
+    out["gate"] = quality_gate(_gate_inputs(held), _gate_config(config))
+    overlap = (out.get("fit_overlap") or {}).get("n_in_fit_data")
+    if overlap and out["gate"]["status"] in ("unmeasured", "not_enough_data") and inc.height:
+        out["gate"]["status"] = "not_enough_data"
+        out["gate"]["reasons"].insert(0, f"{overlap} of the {inc.height} audited trajectories are the critic's own "
+                                         "fit data (fit-critic), where its quality is in-sample; "
+                                         f"{held.height} are held out")
+    if per_source and held["source"].n_unique() > 1:
+        out["by_source"] = {("unknown" if k is None else str(k)): quality_gate(
+            _gate_inputs(held.filter(pl.col("source").is_null() if k is None else pl.col("source") == k)),
+            _gate_config(config)) for k in sorted(held["source"].unique().to_list(), key=_natural_key)}
+    return out

@@ -95,7 +95,8 @@ class MonitorResult:
         turn_scores: one row per scored turn (k >= 1), the table of :func:`turn_scores`.
         flagged: the flagged turns, columns ``trajectory_id`` (str), ``turn`` (int32), ``z`` (float64),
             sorted by ``|z|`` descending.
-        per_trajectory: one row per scored trajectory: ``trajectory_id``, ``n_turns`` (int64),
+        per_trajectory: one row per scored trajectory: ``trajectory_id``, ``n_turns`` (int64, turns with
+            values), ``episode_turns`` (int64, the episode's real length from ``num_turns``: the baseline),
             ``max_abs_z``, ``min_z`` (float64), ``n_flagged`` (int64), ``any_flag`` (bool), ``success``
             (bool, null when unlabelled).
         summary: counts, the robust centre and scale, the AUROCs with their intervals, precision and
@@ -379,9 +380,15 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
            .with_columns(any_flag=pl.col("n_flagged") > 0))
     labels = trajectories.select(pl.col("trajectory_id").cast(pl.String),
                                  pl.col("success").cast(pl.Boolean) if "success" in trajectories.columns
-                                 else pl.lit(None, dtype=pl.Boolean).alias("success")).unique("trajectory_id")
+                                 else pl.lit(None, dtype=pl.Boolean).alias("success"),
+                                 # the episode's real length (before --max-length truncation), for the baseline
+                                 pl.col("num_turns").cast(pl.Int64).alias("_episode_turns")
+                                 if "num_turns" in trajectories.columns
+                                 else pl.lit(None, dtype=pl.Int64).alias("_episode_turns")).unique("trajectory_id")
     per = (per.join(labels, on="trajectory_id", how="left")
-           .select("trajectory_id", "n_turns", "max_abs_z", "min_z", "n_flagged", "any_flag", "success")
+           .with_columns(episode_turns=pl.coalesce("_episode_turns", "n_turns"))
+           .select("trajectory_id", "n_turns", "episode_turns", "max_abs_z", "min_z", "n_flagged", "any_flag",
+                   "success")
            .sort("trajectory_id"))
     flagged = (scores.filter(pl.col("flagged")).sort("abs_z", "trajectory_id", "turn", descending=[True, False, False])
                .select("trajectory_id", "turn", "z"))
@@ -408,8 +415,9 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
     auc = {
         "max_abs_z": _auroc_entry(lab["max_abs_z"].to_numpy(), fail, "max |z| over the trajectory's turns", config, 0),
         "largest_drop": _auroc_entry(-lab["min_z"].to_numpy(), fail, "-min z (the largest drop in value)", config, 1),
-        "num_turns": _auroc_entry(lab["n_turns"].to_numpy().astype(np.float64), fail,
-                                  "number of turns (baseline, no critic)", config, 2),
+        "num_turns": _auroc_entry(lab["episode_turns"].to_numpy().astype(np.float64), fail,
+                                  "number of turns of the episode (baseline, no critic; the real length, "
+                                  "not the count left after truncation)", config, 2),
     }
     flag = lab["any_flag"].to_numpy().astype(bool)
     tp = int((flag & fail).sum())

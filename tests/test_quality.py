@@ -1,0 +1,219 @@
+"""The critic-quality gate (critic_audit.analysis.quality): golden values, loop references, the rules."""
+
+import numpy as np
+import polars as pl
+import pytest
+
+from critic_audit.analysis.audit import AuditConfig, audit, recommend
+from critic_audit.analysis.decompose import explained_variance
+from critic_audit.analysis.quality import GateConfig, TrajectorySums, quality_gate, wilson_interval
+
+
+def test_outcome_split():
+    from critic_audit.analysis.quality import outcome_split
+
+    assert outcome_split(np.array([0, 1, 0, 0, 1.0])).tolist() == [False, True, False, False, True]
+    # graded: thresholds 0 -> 1|4, 0.5 -> 3|2 (most balanced), 0.7 -> 4|1
+    assert outcome_split(np.array([0, 0.5, 0.5, 0.7, 1.0])).tolist() == [False, False, False, True, True]
+    assert not outcome_split(np.array([1.0, 1.0])).any()
+
+
+def test_wilson_golden():
+    # hand-computed: z = 1.959964; 0/5 -> [0, z^2/(n+z^2)] = [0, 0.4345]; 5/10 -> 0.5 +- 0.2634
+    lo, hi = wilson_interval(0, 5)
+    assert lo == 0.0 and hi == pytest.approx(3.841459 / (5 + 3.841459), abs=1e-6)
+    lo, hi = wilson_interval(5, 10)
+    assert (lo, hi) == pytest.approx((0.236593, 0.763407), abs=1e-6)
+    lo, hi = wilson_interval(20, 20)
+    assert hi == 1.0 and lo == pytest.approx(0.838875, abs=1e-6)
+    assert wilson_interval(0, 0) is None
+
+
+def _synth(n_per_stratum=(30,), value_of=None, seed=0, tokens=8, reward_scale=(1.0,), shift=(0.0,)):
+    """Token-level synthetic trajectories; returns (TrajectorySums, per-token arrays for references)."""
+    rng = np.random.default_rng(seed)
+    rows = {k: [] for k in ("stratum", "reward", "mean_value", "n_tokens", "err_mean", "err_m2", "positive")}
+    tok = {"stratum": [], "v": [], "r": []}
+    for s, n in enumerate(n_per_stratum):
+        for i in range(n):
+            success = bool(i % 2)
+            r = float(success) * reward_scale[s] + shift[s]
+            v = value_of(success, rng, tokens) if value_of else rng.normal(size=tokens)
+            v = np.asarray(v, dtype=np.float64) * reward_scale[s] + shift[s]
+            e = r - v
+            rows["stratum"].append(s)
+            rows["reward"].append(r)
+            rows["mean_value"].append(v.mean())
+            rows["n_tokens"].append(float(tokens))
+            rows["err_mean"].append(e.mean())
+            rows["err_m2"].append(((e - e.mean()) ** 2).sum())
+            rows["positive"].append(success)
+            tok["stratum"] += [s] * tokens
+            tok["v"] += list(v)
+            tok["r"] += [r] * tokens
+    t = TrajectorySums(**{k: np.asarray(v) for k, v in rows.items()})
+    return t, {k: np.asarray(v) for k, v in tok.items()}
+
+
+def good(success, rng, n):
+    return 0.2 + 0.6 * success + 0.05 * rng.normal(size=n)
+
+
+def test_good_critic_passes_and_matches_loop_references():
+    t, tok = _synth((20, 16), good, reward_scale=(1.0, 50.0), shift=(0.0, -100.0))
+    g = quality_gate(t, GateConfig(n_boot=300, n_perm=300))
+    assert g["status"] == "passed" and g["passed"] and g["reasons"] == []
+    # loop references: the n-weighted mean of per-stratum Pearson r, the N-weighted mean of per-stratum EV
+    rs, ns, evs, Ns = [], [], [], []
+    for s in (0, 1):
+        m = t.stratum == s
+        rs.append(np.corrcoef(t.mean_value[m], t.reward[m])[0, 1])
+        ns.append(m.sum())
+        mt = tok["stratum"] == s
+        evs.append(explained_variance(tok["v"][mt], tok["r"][mt]))
+        Ns.append(mt.sum())
+    assert g["corr_within_stratum"]["estimate"] == pytest.approx(np.dot(rs, ns) / sum(ns), rel=1e-9)
+    assert g["explained_variance_within_stratum"]["estimate"] == pytest.approx(np.dot(evs, Ns) / sum(Ns), rel=1e-9)
+    assert g["corr_within_stratum"]["p_value"] == pytest.approx(1 / 301)
+    lo, hi = g["explained_variance_within_stratum"]["ci95"]
+    assert 0 < lo <= g["explained_variance_within_stratum"]["estimate"] <= hi
+
+
+def test_gate_is_deterministic():
+    t, _ = _synth((24,), lambda s, rng, n: 0.1 * s + rng.normal(size=n), seed=3)
+    cfg = GateConfig(n_boot=200, n_perm=200, seed=7)
+    assert quality_gate(t, cfg) == quality_gate(t, cfg)
+
+
+def test_negative_correlation_fails():
+    t, _ = _synth((30,), lambda s, rng, n: 0.8 - 0.6 * s + 0.05 * rng.normal(size=n))
+    g = quality_gate(t, GateConfig(n_boot=200, n_perm=200))
+    assert g["status"] == "failed"
+    assert any("falls as the reward rises" in r for r in g["reasons"])
+
+
+def test_too_few_or_one_outcome_is_not_enough_data():
+    t, _ = _synth((2,), good)  # blackjack with n = 2: corr +1.000
+    g = quality_gate(t, GateConfig())
+    assert g["status"] == "not_enough_data" and "1 successes and 1 failures" in g["reasons"][0]
+    t, _ = _synth((12,), good)
+    t.positive[:] = True
+    t.success = np.ones(12, bool)
+    assert "all 12 are successes" in quality_gate(t, GateConfig())["reasons"][0]
+
+
+def test_reward_scale_of_one_source_cannot_make_a_correlation():
+    # values know nothing within either source, but the -100 source has lower values: a pooled
+    # correlation would be large; the within-source one is not
+    rng = np.random.default_rng(0)
+
+    def noise(success, rng_, n):
+        return rng.normal(size=n)
+
+    t, _ = _synth((30, 30), noise, reward_scale=(1.0, 1.0), shift=(0.0, -100.0))
+    pooled = np.corrcoef(t.mean_value, t.reward)[0, 1]
+    assert pooled > 0.9
+    g = quality_gate(t, GateConfig(n_boot=200, n_perm=500))
+    assert g["status"] == "failed" and abs(g["corr_within_stratum"]["estimate"]) < 0.4
+
+
+def test_pure_noise_false_positive_rate_small():
+    """Critics of pure noise (a value unrelated to the outcome): the gate passes at most alpha of them."""
+    passed = 0
+    for seed in range(60):
+        t, _ = _synth((20,), lambda s, rng, n: 0.5 + 0.3 * rng.normal() + 0.05 * rng.normal(size=n), seed=seed)
+        passed += quality_gate(t, GateConfig(n_boot=200, n_perm=200, seed=seed))["passed"]
+    assert passed <= 3  # alpha 0.05 of 60, and the EV floor makes it rarer still
+
+
+def _tables(n, value_of, seed=0, turns=3, per_turn=5, sources=None):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        for k in range(turns):
+            for j in range(per_turn):
+                rows.append((f"t{i}", k * 10 + j, k, True, float(value_of(i, k, rng))))
+    tokens = pl.DataFrame(rows, schema={"trajectory_id": pl.String, "position": pl.Int32, "turn": pl.Int32,
+                                        "response_mask": pl.Boolean, "value": pl.Float32}, orient="row")
+    trajs = pl.DataFrame({"trajectory_id": [f"t{i}" for i in range(n)], "group_id": [None] * n,
+                          "checkpoint": [None] * n, "source": sources or ["s"] * n,
+                          "reward": [float(i % 2) for i in range(n)], "success": [bool(i % 2) for i in range(n)],
+                          "num_turns": [turns] * n, "metadata": ["{}"] * n},
+                         schema_overrides={"group_id": pl.String, "checkpoint": pl.String, "num_turns": pl.Int32})
+    return trajs, tokens
+
+
+CFG = AuditConfig(n_boot=200, n_perm=200)
+
+
+def test_audit_verdicts_end_to_end():
+    # a critic that explains the outcome, value moving between turns: turn_level
+    trajs, tokens = _tables(30, lambda i, k, rng: (i % 2) * 0.6 + 0.1 * np.random.default_rng(100 * i + k).normal()
+                           + 0.01 * rng.normal())
+    s = audit(trajs, tokens, CFG).summary
+    assert s["critic_quality"]["gate"]["status"] == "passed"
+    assert s["recommendation"]["verdict"] == "turn_level" and s["recommendation"]["confident"]
+    # the same critic, but it was fitted on these very rollouts: nothing held out -> no confident verdict
+    s = audit(trajs, tokens, CFG, fitted_ids=trajs["trajectory_id"].to_list()).summary
+    assert s["critic_quality"]["fit_overlap"]["n_in_fit_data"] == 30
+    assert s["recommendation"]["verdict"] == "not_enough_data" and not s["recommendation"]["confident"]
+    # fitted on half: judged on the other half
+    s = audit(trajs, tokens, CFG, fitted_ids=[f"t{i}" for i in range(10)]).summary
+    assert s["critic_quality"]["gate"]["n_trajectories"] == 20
+
+
+def test_bad_input_verdicts():
+    # flat critic: every trajectory excluded, the verdict names it
+    trajs, tokens = _tables(12, lambda i, k, rng: 0.5)
+    r = audit(trajs, tokens, CFG).summary["recommendation"]
+    assert r["verdict"] == "no_data" and "flat_critic" in r["text"]
+    # one outcome only
+    trajs, tokens = _tables(12, lambda i, k, rng: rng.normal())
+    trajs = trajs.with_columns(success=pl.lit(True), reward=pl.lit(1.0))
+    r = audit(trajs, tokens, CFG).summary["recommendation"]
+    assert r["verdict"] == "not_enough_data" and "all 12 are successes" in r["text"]
+    # all successes, but graded rewards that vary: judged on the reward (random values: too weak)
+    trajs = trajs.with_columns(reward=pl.Series([1.0, 0.9] * 6))
+    r = audit(trajs, tokens, CFG).summary["recommendation"]
+    assert r["verdict"] == "critic_too_weak" and r["reasons"]
+    # no rewards at all
+    trajs = trajs.with_columns(reward=pl.lit(None, dtype=pl.Float64), success=pl.lit(None, dtype=pl.Boolean))
+    assert audit(trajs, tokens, CFG).summary["recommendation"]["verdict"] == "quality_unmeasured"
+
+
+def _gate(status, reasons=()):
+    return {"gate": {"status": status, "reasons": list(reasons)}}
+
+
+@pytest.mark.parametrize("eta,frac,gate,verdict", [
+    (0.9, 0.95, _gate("passed"), "turn_level"),
+    (0.9, 0.5, _gate("passed"), "multiscale"),
+    (0.2, 0.1, _gate("passed"), "token_level"),
+    (0.5, 0.5, _gate("passed"), "multiscale"),
+    (0.9, 0.95, _gate("failed", ["corr -0.75 < 0"]), "critic_too_weak"),
+    (0.2, 0.1, _gate("not_enough_data", ["1 successes and 1 failures"]), "not_enough_data"),
+    (0.9, 0.95, _gate("unmeasured"), "quality_unmeasured"),
+    (0.9, 0.95, {}, "quality_unmeasured"),
+    (None, None, _gate("passed"), "no_data"),
+])
+def test_recommendation_rules(eta, frac, gate, verdict):
+    s = {"eta2_median": {"estimate": eta}, "frac_ss_between_gt_within": {"estimate": frac}, "critic_quality": gate}
+    r = recommend(s, AuditConfig())
+    assert r["verdict"] == verdict
+    assert r["confident"] == (verdict in ("turn_level", "token_level", "multiscale"))
+    assert r["thresholds"]["turn_level_eta2"] == 0.7
+    if eta is not None:
+        assert recommend(s, AuditConfig(scope="all"))["verdict"] == "not_assessed"
+
+
+def test_low_coverage_warns():
+    from critic_audit.analysis.audit import coverage
+
+    trajs, tokens = _tables(12, lambda i, k, rng: rng.normal())
+    trajs = trajs.with_columns(num_turns=pl.lit(30, dtype=pl.Int32))  # episodes of 30 turns, 3 kept
+    s = audit(trajs, tokens, CFG, truncation={"trajectories": 12, "turns": 324, "policy_tokens": 1000}).summary
+    cov = s["coverage"]
+    assert cov["turns"] == {"audited": 36, "read": 360, "share": 0.1}
+    assert cov["tokens"]["audited"] == 180 and cov["tokens"]["read"] == 1180
+    assert cov["low"] and "36 of 360" in cov["warning"] and "324 cut by --max-length" in cov["warning"]
+    assert not coverage(audit(*_tables(12, lambda i, k, rng: rng.normal()), CFG).per_trajectory, None)["low"]
