@@ -332,8 +332,8 @@ def check_replaceable(out: Path, *, overwrite: bool = False, option: str = "--ou
         raise ConfigError(
             f"{option} {out} is not a critic-audit output folder: it holds files critic-audit did not write "
             f"({', '.join(foreign)}{', ...' if len(foreign) >= 3 else ''})",
-            fix=f"pass a new or empty folder, or --overwrite to write next to them (a file critic-audit did "
-                f"not write is never replaced or removed)")
+            fix="pass a new or empty folder, or --overwrite to write next to them (a file critic-audit did "
+                "not write is never replaced or removed)")
     if foreign and writes:
         m = read_manifest(out)
         owned = set(m["files"]) | set(m.get("dirs", [])) | _ancestors([*m["files"], *m.get("dirs", [])]) if m else set()
