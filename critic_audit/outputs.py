@@ -332,8 +332,8 @@ def check_replaceable(out: Path, *, overwrite: bool = False, option: str = "--ou
         raise ConfigError(
             f"{option} {out} is not a critic-audit output folder: it holds files critic-audit did not write "
             f"({', '.join(foreign)}{', ...' if len(foreign) >= 3 else ''})",
-            fix=f"pass a new or empty folder, or --overwrite to write next to them (a file critic-audit did "
-                f"not write is never replaced or removed)")
+            fix="pass a new or empty folder, or --overwrite to write next to them (a file critic-audit did "
+                "not write is never replaced or removed)")
     if foreign and writes:
         m = read_manifest(out)
         owned = set(m["files"]) | set(m.get("dirs", [])) | _ancestors([*m["files"], *m.get("dirs", [])]) if m else set()
@@ -469,17 +469,19 @@ def _merge(tmp: Path, out: Path, *, kind: str, dirs: Sequence[str], extra: dict[
         if (target.exists() or target.is_symlink()) and not ours(rel):
             raise ConfigError(f"{option} {out}: {rel} was not written by critic-audit (no manifest lists it); "
                               "refusing to replace it", fix="pass a new or empty folder, or move that file away")
+    keep_dirs = [d for d in dirs if (d in old_dirs and (out / d).is_dir() and not (out / d).is_symlink())
+                 or not (out / d).exists()]  # claim a folder whole only when it was the tool's or is new
+    # first a manifest naming the old files and the new ones: a kill while moving leaves them all the tool's
+    write_manifest(out, kind, dirs=sorted(old_dirs | set(keep_dirs)), extra={**(extra or {}), "merging": True},
+                   files=sorted(old_files | set(new_files)))
     # the old output's files that the new one does not have
     for rel in sorted(old_files - set(new_files)):
         p = out / rel
         if _inside(out, p) and (p.is_file() or p.is_symlink()):
             p.unlink()
-    keep_dirs = []
-    for d in dirs:  # claim a folder whole only when it was the tool's or is new
-        if d in old_dirs and (out / d).is_dir() and not (out / d).is_symlink():
+    for d in keep_dirs:
+        if d in old_dirs and (out / d).is_dir():
             shutil.rmtree(out / d, ignore_errors=True)
-        if not (out / d).exists():
-            keep_dirs.append(d)
     for rel in new_files:
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
