@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README command one: set up, then let the audit tell a weak critic from a structured one.
 #   1. the shipped SmolLM2-135M critic (a linear value head on a frozen small model) on real tau-bench and
-#      FireAct rollouts -> audit_out/       (expected verdict: critic_too_weak, with its reasons)
+#      FireAct rollouts -> audit_out/       (the quality gate says whether it explains the outcome, and why not)
 #   2. the critics of a small PPO run of our own trainer, one per checkpoint, re-audited from the values
 #      shipped in sample_data/credit_ppo_run (no critic needed) -> audit_trained/
 #      (expected: critic_too_weak while the critic learns, turn_level once it explains the outcome)
