@@ -698,7 +698,8 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
     ])
     rest = tokens.filter(~pl.col("trajectory_id").is_in(need.implode()))
     inference.update({k: stats.get(k) for k in ("n_sequences", "real_tokens", "computed_tokens",
-                                                  "padding_efficiency", "seconds", "tokens_per_s")})
+                                                  "padding_efficiency", "shared_prefix_tokens", "strategy",
+                                                  "seconds", "tokens_per_s")})
     return pl.concat([rest, scored]).sort(["trajectory_id", "position"], maintain_order=True)
 
 
