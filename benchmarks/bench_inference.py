@@ -23,6 +23,7 @@ Usage::
 
     python benchmarks/bench_inference.py --n 12 --threads 2            # issue 16's setting
     python benchmarks/bench_inference.py --n 4 --repeats 3 --modes naive,rows,shared,shared-bf16
+    python benchmarks/bench_inference.py --plan-only --n 1000          # positions fed per strategy, no model run
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from critic_audit.critic import build_critic, cached_backbone, load_critic, score_values
-from critic_audit.critic.infer import Strategy
+from critic_audit.critic import build_critic, cached_backbone, load_critic, load_tokenizer, score_values
+from critic_audit.critic.infer import Strategy, plan_scoring
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "tau_bench_airline" / "historical_trajectories" / "gpt-4o-airline.json"
@@ -88,6 +89,32 @@ def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.nanmax(np.abs(x - y))) if len(x) > 1 else 0.0 for x, y in zip(a, b, strict=True))
 
 
+def select(args, tokenizer) -> list[np.ndarray]:
+    """The ``--n`` shortest trajectories of ``--data`` (by JSON text), tokenized."""
+    records = json.loads(args.data.read_text())
+    lengths = [len(json.dumps(r["traj"])) for r in records]
+    records = [records[i] for i in np.argsort(lengths, kind="stable")[: args.n]]
+    return tokenize(tokenizer, records, args.max_tokens)
+
+
+def plan_table(seqs: list[np.ndarray], args) -> int:
+    """Forward passes and positions fed per scored position of each strategy, from the plans."""
+    real = sum(len(s) - 1 for s in seqs)
+    print(f"{len(seqs)} trajectories, {real} scored positions, lengths {min(map(len, seqs))}-{max(map(len, seqs))}")
+    print(f"{'strategy':10s} {'passes':>7s} {'fed':>9s} {'fed/real':>9s} {'real/fed':>9s}")
+    strategies = {"rows": (1, Strategy(share_prefix=False)), "padded": (args.token_budget, Strategy(share_prefix=False)),
+                  "packed": (args.token_budget, Strategy(layout="packed", share_prefix=False,
+                                                         pack_length=args.pack_length)),
+                  "shared": (args.token_budget, Strategy())}
+    for name, (budget, strat) in strategies.items():
+        plan = plan_scoring(seqs, budget, strat)
+        nodes = {p for b in plan for p in b.prefix}
+        fed = sum(e - s for _, s, e in nodes) + sum(r * c for r, c in (b.shape() for b in plan))
+        passes = len(nodes) + sum(1 for b in plan if b.shape()[0])
+        print(f"{name:10s} {passes:7d} {fed:9d} {fed / real:9.3f} {real / fed:9.2f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=SHARED if SHARED.exists() else SAMPLE)
@@ -100,6 +127,9 @@ def main() -> int:
     ap.add_argument("--modes", default="naive,rows,padded,packed,shared,shared-bf16",
                     help=f"comma-separated, from {', '.join(MODES)} (naive is always run)")
     ap.add_argument("--critic", type=Path, help="a critic folder (default: build SmolLM2-135M + the sample head)")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="only print, per strategy, the forward passes and positions fed per scored position "
+                         "(exact, from the plans; no model run): try with --n 1000")
     args = ap.parse_args()
     modes = ["naive"] + [m for m in args.modes.split(",") if m and m != "naive"]
     bad = [m for m in modes if m not in MODES]
@@ -107,6 +137,9 @@ def main() -> int:
         ap.error(f"unknown modes {bad}; choose from {MODES}")
 
     torch.set_num_threads(args.threads)
+    if args.plan_only:
+        tok = load_tokenizer(args.critic or cached_backbone("smollm2-135m"))
+        return plan_table(select(args, tok), args)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.critic
         if path is None:
@@ -115,10 +148,7 @@ def main() -> int:
         dtypes = {"float32"} | {"bfloat16" for m in modes if m.endswith("bf16")} | {"float16" for m in modes if m.endswith("fp16")}
         critics = {d: load_critic(path, device="cpu", dtype=d) for d in sorted(dtypes)}
     c32 = critics["float32"]
-    records = json.loads(args.data.read_text())
-    lengths = [len(json.dumps(r["traj"])) for r in records]
-    records = [records[i] for i in np.argsort(lengths, kind="stable")[: args.n]]
-    seqs = tokenize(c32.tokenizer, records, args.max_tokens)
+    seqs = select(args, c32.tokenizer)
     n_tok = sum(len(s) - 1 for s in seqs)
     cpu = torch.backends.cpu.get_cpu_capability()
     print(f"{len(seqs)} trajectories from {args.data.name}, {n_tok} scored positions, lengths "
@@ -162,12 +192,20 @@ def main() -> int:
             secs[mode] = time.perf_counter() - t0
             vals.setdefault(mode, v)
             info.setdefault(mode, st)
-            print(f"  repeat {rep + 1}/{args.repeats}: {mode:13s} {n_tok / secs[mode]:8.0f} tokens/s", file=sys.stderr)
+            print(f"  repeat {rep + 1}/{args.repeats}: {mode:13s} {n_tok / secs[mode]:8.1f} tokens/s", file=sys.stderr)
         for m in modes:
             tps[m].append(n_tok / secs[m])
             ratio[m].append(secs["naive"] / secs[m])
+        if rep + 1 < args.repeats:  # a summary after every repeat: a run stopped early still reports
+            summary(modes, tps, ratio, vals, info, n_tok, rep + 1, final=False)
+    return summary(modes, tps, ratio, vals, info, n_tok, args.repeats, final=True)
+
+
+def summary(modes, tps, ratio, vals, info, n_tok, repeats: int, *, final: bool) -> int:
+    """The table (medians over the repeats so far) and the best-mode line."""
     ref = vals["naive"]
     scale = float(np.nanmax(np.abs(np.concatenate([v[1:] for v in ref]))))
+    print(f"after {repeats} repeat(s):" if not final else f"medians of {repeats} repeats:")
     print(f"{'mode':13s} {'tokens/s':>9s} {'x naive':>8s} {'(min-max)':>12s} {'fed/real':>9s} {'max|dv|':>9s} "
           f"{'% scale':>8s}")
     rows = []
@@ -177,7 +215,7 @@ def main() -> int:
         err = max_diff(vals[m], ref)
         r = statistics.median(ratio[m])
         rows.append((m, statistics.median(tps[m]), r, err))
-        print(f"{m:13s} {statistics.median(tps[m]):9.0f} {r:8.2f} {min(ratio[m]):5.2f}-{max(ratio[m]):<5.2f} "
+        print(f"{m:13s} {statistics.median(tps[m]):9.1f} {r:8.2f} {min(ratio[m]):5.2f}-{max(ratio[m]):<5.2f} "
               f"{fed:9.3f} {err:9.2e} {100 * err / scale:7.2f}%")
     print(f"value scale: max |v| = {scale:.3f} (naive fp32); fed/real: positions fed to the backbone (pads "
           "included) per scored position")
@@ -185,14 +223,14 @@ def main() -> int:
     fp32 = [r for r in rows if r[0] in ("rows", "padded", "packed", "shared")]
     if fp32:
         best32 = max(fp32, key=lambda r: r[2])
-        print(f"ours in fp32: best {best32[0]} {best32[2]:.2f}x naive; without prefix sharing: "
-              + ", ".join(f"{m} {r:.2f}x" for m, _, r, _ in fp32 if m != "shared"))
+        others = ", ".join(f"{m} {r:.2f}x" for m, _, r, _ in fp32 if m != "shared")
+        print(f"ours in fp32: best {best32[0]} {best32[2]:.2f}x naive" + (f"; without prefix sharing: {others}" if others else ""))
     if not ok:
         print("best mode: none within 1% of the value scale")
         return 1
     best = max(ok, key=lambda r: r[2])
-    print(f"best mode: {best[0]}: {best[2]:.2f}x the naive fp32 loop ({best[1]:.0f} tokens/s), max|dv| {best[3]:.2e}, "
-          f"value scale {scale:.3f} ({100 * best[3] / scale:.4f}%), medians of {args.repeats} repeats in this run")
+    print(f"best mode: {best[0]}: {best[2]:.2f}x the naive fp32 loop ({best[1]:.1f} tokens/s), max|dv| {best[3]:.2e}, "
+          f"value scale {scale:.3f} ({100 * best[3] / scale:.4f}%), medians of {repeats} repeat(s) in this run", flush=True)
     return 0
 
 

@@ -377,7 +377,7 @@ def _prefix_groups(sequences: Sequence[np.ndarray], fed: list[int], idx: list[in
     ``root`` the segments of the sequences that share no such span."""
     keys = {i: np.asarray(sequences[i][: fed[i]], dtype=">i4").tobytes() for i in idx}  # bytes order = id order
     order = sorted(idx, key=lambda i: (keys[i], i))
-    arrs = [np.asarray(sequences[i][: fed[i]], dtype=np.int64) for i in order]
+    arrs = [np.asarray(sequences[i][: fed[i]]) for i in order]  # views, no copies
     lcp = np.zeros(len(order), dtype=np.int64)
     for k in range(1, len(order)):
         lcp[k] = _lcp(arrs[k - 1], arrs[k])
