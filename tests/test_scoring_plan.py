@@ -202,3 +202,19 @@ def test_prefix_cache_is_not_mutated_by_batches(critic):
     got = score_values(critic, seqs, token_budget=2 * 112, strategy=Strategy(min_prefix=16), stats=stats)
     assert stats["n_batches"] == 2 and stats["prefix_passes"] == 1
     _close(_alone(critic, seqs), got)
+
+
+def test_distributed_with_shared_prefixes_equals_score_values(critic, tmp_path):
+    """Chunks of a plan with shared prefixes, scored by two worker processes: bit-identical values."""
+    from critic_audit.critic.distributed import CriticSpec, score_values_distributed
+
+    seqs = _agent_logs(seed=10) + _agent_logs(seed=11)
+    strat = Strategy(min_prefix=16)
+    plain = score_values(critic, seqs, token_budget=128, strategy=strat)
+    st_: dict = {}
+    spec = CriticSpec(str(critic.path), device="cpu", dtype="float32")
+    vals = score_values_distributed(spec, seqs, tmp_path / "cache", workers=2, threads=1, token_budget=128,
+                                    chunk_tokens=60, strategy=strat, stats=st_)
+    assert st_["n_chunks"] > 3 and st_["shared_prefix_tokens"] > 0 and st_["strategy"] == strat.as_dict()
+    for a, b in zip(plain, vals, strict=True):
+        np.testing.assert_array_equal(a, b)
