@@ -1,28 +1,36 @@
-"""Benchmark critic inference on real tau-bench airline rollouts with the SmolLM2-135M backbone.
+"""Benchmark critic scoring on CPU: the naive per-trajectory loop against the scoring strategies and dtypes.
 
-Compares, in one run:
+Real tau-bench airline rollouts (the shortest ``--n``), the SmolLM2-135M backbone with the value head
+fitted in ``sample_data/critic`` (``critic-audit build-critic``, as ``scripts/demo.sh`` does). Modes,
+each run on all trajectories, in rotating order per repeat (load from other processes on a shared
+machine hits them alike):
 
-1. naive: one trajectory at a time, float32, a plain ``backbone(input_ids)`` + head per trajectory;
-2. ``score_values`` in float32 (sorted batching under a token budget, right padding, no mask);
-3. ``score_values`` in bfloat16 (head still float32);
-4. optionally (``--with-mask``) ``score_values`` float32 passing the padding mask;
-5. ``score_values_cached`` (resumable: chunks written to a cache folder) in bfloat16, after the others.
+- ``naive fp32``: one trajectory at a time, ``backbone(input_ids)`` + head (the reference);
+- ``rows fp32``: ``score_values``, no prefix sharing, one sequence per forward pass (no padding);
+- ``padded fp32``: no prefix sharing, sorted batches under ``--token-budget``, right padding;
+- ``packed fp32``: no prefix sharing, padding-free rows of ``--pack-length`` tokens (block-diagonal mask);
+- ``shared fp32``: the default (``strategy="auto"``): shared prefixes fed once (every tau-bench
+  trajectory starts with the same ~1.35k-token policy prompt), the rest padded;
+- ``shared bf16`` / ``shared fp16``: the same with a bf16 / fp16 backbone (head in fp32);
+- ``--eager``: ``shared fp32`` with eager attention instead of SDPA.
 
-Prints tokens/s of each, the speed-up over naive, padding efficiency, and the max abs difference of the
-values against naive; then the padding efficiency of sorted batching vs batching in input order under
-the same token budget (computed from the batch plans, no model run), and a ratio summary. The critic is the cached SmolLM2 backbone with a random value head (timing and
-agreement do not depend on the head being trained).
+Per mode: median tokens/s over ``--repeats`` (scored positions per second: ``len - 1`` per trajectory,
+the same count for every mode), its median ratio to the naive loop of the same repeat, and the max
+abs difference of the values from the naive fp32 loop against the value scale (max |v|). The last
+line names the fastest mode whose error is within 1 % of the value scale.
 
 Usage::
 
-    python benchmarks/bench_inference.py            # 30 shortest trajectories (~1 min of bf16, ~5 of fp32 on 2 cores)
-    python benchmarks/bench_inference.py --n 30 --select first --max-tokens 4096
+    python benchmarks/bench_inference.py --n 12 --threads 2            # issue 16's setting
+    python benchmarks/bench_inference.py --n 4 --repeats 3 --modes naive,rows,shared,shared-bf16
+    python benchmarks/bench_inference.py --plan-only --n 1000          # positions fed per strategy, no model run
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -31,17 +39,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from critic_audit.critic import (
-    cached_backbone,
-    load_critic,
-    load_tokenizer,
-    plan_batches,
-    save_critic,
-    score_values,
-    score_values_cached,
-)
+from critic_audit.critic import build_critic, cached_backbone, load_critic, load_tokenizer, score_values
+from critic_audit.critic.infer import Strategy, plan_scoring
 
-DATA = Path("/work/shared/data/tau_bench_airline/historical_trajectories/gpt-4o-airline.json")
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "tau_bench_airline" / "historical_trajectories" / "gpt-4o-airline.json"
+SAMPLE = ROOT / "sample_data" / "tau_bench_airline" / "gpt-4o-airline.sample20.json"
+HEAD = ROOT / "sample_data" / "critic" / "smollm2_value_head.safetensors"
+MODES = ("naive", "rows", "padded", "packed", "shared", "shared-bf16", "shared-fp16", "shared-eager")
 
 
 def render(messages: list[dict]) -> list[dict]:
@@ -68,8 +73,7 @@ def tokenize(tokenizer, records: list[dict], max_tokens: int) -> list[np.ndarray
     return seqs
 
 
-def naive(critic, seqs: list[np.ndarray]) -> tuple[list[np.ndarray], float]:
-    t0 = time.perf_counter()
+def naive(critic, seqs: list[np.ndarray]) -> list[np.ndarray]:
     out = []
     with torch.inference_mode():
         for s in seqs:
@@ -78,144 +82,156 @@ def naive(critic, seqs: list[np.ndarray]) -> tuple[list[np.ndarray], float]:
             vals = np.full(len(s), np.nan, dtype=np.float32)
             vals[1:] = v[:-1]
             out.append(vals)
-    return out, time.perf_counter() - t0
+    return out
 
 
 def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.nanmax(np.abs(x - y))) if len(x) > 1 else 0.0 for x, y in zip(a, b, strict=True))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=DATA)
-    ap.add_argument("--n", type=int, default=30, help="number of trajectories")
-    ap.add_argument("--select", choices=["shortest", "first"], default="shortest")
-    ap.add_argument("--max-tokens", type=int, default=8192, help="truncate each trajectory (<= critic context)")
-    ap.add_argument("--token-budget", type=int, default=16384)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (keep <= free cores)")
-    ap.add_argument("--padding-only", action="store_true",
-                    help="only print the padding-efficiency table (no model run); try with --select first --n 200")
-    ap.add_argument("--chunk-tokens", type=int, default=16384, help="chunk size of the resumable run")
-    ap.add_argument("--with-mask", action="store_true", help="also time score_values with the padding mask")
-    args = ap.parse_args()
-
-    torch.set_num_threads(args.threads)
-    backbone = cached_backbone("smollm2-135m", progress=lambda m: print(m, file=sys.stderr))
-    tok = load_tokenizer(backbone)
+def select(args, tokenizer) -> list[np.ndarray]:
+    """The ``--n`` shortest trajectories of ``--data`` (by JSON text), tokenized."""
     records = json.loads(args.data.read_text())
-    if args.select == "shortest":
-        lengths = [len(json.dumps(r["traj"])) for r in records]
-        records = [records[i] for i in np.argsort(lengths, kind="stable")[: args.n]]
-    else:
-        records = records[: args.n]
-    seqs = tokenize(tok, records, args.max_tokens)
-    n_tok = sum(len(s) - 1 for s in seqs)
-    if args.padding_only:
-        padding_table(seqs, args.token_budget)
-        return 0
-    print(
-        f"{len(seqs)} trajectories, {n_tok} scored positions, lengths {min(map(len, seqs))}-{max(map(len, seqs))}"
-        f" (mean {np.mean([len(s) for s in seqs]):.0f}); torch {torch.__version__}, {torch.get_num_threads()} threads,"
-        f" attn sdpa"
-    )
+    lengths = [len(json.dumps(r["traj"])) for r in records]
+    records = [records[i] for i in np.argsort(lengths, kind="stable")[: args.n]]
+    return tokenize(tokenizer, records, args.max_tokens)
 
-    rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        critic_dir = save_critic(backbone, rng.normal(0, 0.05, 576), 0.1, Path(tmp) / "critic")
-        c32 = load_critic(critic_dir, device="cpu", dtype="float32")
-        c16 = load_critic(critic_dir, device="cpu", dtype="bfloat16")
 
-    # warm-up (one-time kernel selection / oneDNN primitive creation)
-    with torch.inference_mode():
-        for c in (c32, c16):
-            c.backbone(input_ids=torch.as_tensor(seqs[0][:256])[None])
-
-    # Interleaved: the trajectories are cut into the chunks score_values would batch together, and
-    # every method runs on each chunk in turn (rotating the order), so that load from other processes
-    # on a shared machine hits all methods alike.
-    methods = [("naive loop, fp32", c32, None), ("score_values, fp32", c32, False), ("score_values, bf16", c16, False)]
-    if args.with_mask:
-        methods.insert(2, ("score_values, fp32, with mask", c32, True))
-    chunks = plan_batches([len(s) - 1 for s in seqs], args.token_budget)
-    vals = {m[0]: [None] * len(seqs) for m in methods}
-    secs = dict.fromkeys(vals, 0.0)
-    real = dict.fromkeys(vals, 0)
-    computed = dict.fromkeys(vals, 0)
-    for k, chunk in enumerate(chunks):
-        sub = [seqs[i] for i in chunk]
-        for j in range(len(methods)):
-            label, c, mask = methods[(j + k) % len(methods)]
-            if mask is None:
-                out, sec = naive(c, sub)
-                n = sum(len(x) - 1 for x in sub)
-                real[label] += n
-                computed[label] += n
-            else:
-                st: dict = {}
-                out = score_values(c, sub, token_budget=args.token_budget, stats=st, attention_mask=mask)
-                sec = st["seconds"]
-                real[label] += st["real_tokens"]
-                computed[label] += st["computed_tokens"]
-            secs[label] += sec
-            for i, v in zip(chunk, out, strict=True):
-                vals[label][i] = v
-        print(f"  chunk {k + 1}/{len(chunks)}: {len(chunk)} x {max(len(x) for x in sub) - 1} done", file=sys.stderr)
-    rows = []
-    v_naive = vals[methods[0][0]]
-    for label, _, _ in methods:
-        rows.append((label, real[label] / secs[label], secs[label], real[label] / computed[label], max_diff(vals[label], v_naive)))
-
-    # resumable scoring (bf16): same batches, plus one chunk file per ~chunk_tokens positions
-    with tempfile.TemporaryDirectory() as cache:
-        st: dict = {}
-        cached = score_values_cached(c16, seqs, Path(cache), token_budget=args.token_budget,
-                                     chunk_tokens=args.chunk_tokens, stats=st)
-    label = f"score_values_cached, bf16 ({st['n_chunks']} chunks)"
-    rows.append((label, st["real_tokens"] / st["seconds"], st["seconds"], st["padding_efficiency"],
-                 max_diff(cached, v_naive)))
-    bf16_label = "score_values, bf16"
-    same = max_diff(cached, vals[bf16_label])
-
-    base = rows[0][1]
-    print(f"{'method':40s} {'tokens/s':>9s} {'seconds':>8s} {'x naive':>8s} {'pad eff':>8s} {'max|dv| vs naive':>17s}")
-    for label, tps, sec, eff, diff in rows:
-        print(f"{label:40s} {tps:9.0f} {sec:8.1f} {tps / base:8.2f} {eff:8.3f} {diff:17.2e}")
-    scale = float(np.nanmax(np.abs(np.concatenate([v[1:] for v in v_naive]))))
-    print(f"(value scale: max |v| = {scale:.3f})")
-
-    padding_table(seqs, args.token_budget)
-    tps = {label: t for label, t, *_ in rows}
-    f32 = tps["score_values, fp32"]
-    print("ratio summary:")
-    print(f"  score_values fp32 / naive fp32          {f32 / base:6.2f}x")
-    print(f"  score_values bf16 / score_values fp32   {tps[bf16_label] / f32:6.2f}x")
-    print(f"  score_values bf16 / naive fp32          {tps[bf16_label] / base:6.2f}x")
-    print(f"  cached bf16 / score_values bf16         {rows[-1][1] / tps[bf16_label]:6.2f}x"
-          f"  (values identical: max|dv| = {same:.1e}; run after the others, not interleaved)")
+def plan_table(seqs: list[np.ndarray], args) -> int:
+    """Forward passes and positions fed per scored position of each strategy, from the plans."""
+    real = sum(len(s) - 1 for s in seqs)
+    print(f"{len(seqs)} trajectories, {real} scored positions, lengths {min(map(len, seqs))}-{max(map(len, seqs))}")
+    print(f"{'strategy':10s} {'passes':>7s} {'fed':>9s} {'fed/real':>9s} {'real/fed':>9s}")
+    strategies = {"rows": (1, Strategy(share_prefix=False)), "padded": (args.token_budget, Strategy(share_prefix=False)),
+                  "packed": (args.token_budget, Strategy(layout="packed", share_prefix=False,
+                                                         pack_length=args.pack_length)),
+                  "shared": (args.token_budget, Strategy())}
+    for name, (budget, strat) in strategies.items():
+        plan = plan_scoring(seqs, budget, strat)
+        nodes = {p for b in plan for p in b.prefix}
+        fed = sum(e - s for _, s, e in nodes) + sum(r * c for r, c in (b.shape() for b in plan))
+        passes = len(nodes) + sum(1 for b in plan if b.shape()[0])
+        print(f"{name:10s} {passes:7d} {fed:9d} {fed / real:9.3f} {real / fed:9.2f}")
     return 0
 
 
-def padding_table(seqs: list[np.ndarray], token_budget: int) -> None:
-    """Padding efficiency (real / computed positions) of sorted batching vs input order, from the plans."""
-    fed = [len(s) - 1 for s in seqs]
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=SHARED if SHARED.exists() else SAMPLE)
+    ap.add_argument("--n", type=int, default=12, help="number of trajectories (the shortest)")
+    ap.add_argument("--max-tokens", type=int, default=8192, help="truncate each trajectory (<= critic context)")
+    ap.add_argument("--token-budget", type=int, default=16384)
+    ap.add_argument("--pack-length", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (keep <= free cores)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default="naive,rows,padded,packed,shared,shared-bf16",
+                    help=f"comma-separated, from {', '.join(MODES)} (naive is always run)")
+    ap.add_argument("--critic", type=Path, help="a critic folder (default: build SmolLM2-135M + the sample head)")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="only print, per strategy, the forward passes and positions fed per scored position "
+                         "(exact, from the plans; no model run): try with --n 1000")
+    args = ap.parse_args()
+    modes = ["naive"] + [m for m in args.modes.split(",") if m and m != "naive"]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown modes {bad}; choose from {MODES}")
 
-    def eff_of(batches: list[list[int]]) -> float:
-        return sum(fed[i] for b in batches for i in b) / sum(len(b) * max(fed[i] for i in b) for b in batches)
+    torch.set_num_threads(args.threads)
+    if args.plan_only:
+        tok = load_tokenizer(args.critic or cached_backbone("smollm2-135m"))
+        return plan_table(select(args, tok), args)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.critic
+        if path is None:
+            backbone = cached_backbone("smollm2-135m", progress=lambda m: print(m, file=sys.stderr))
+            path = build_critic(backbone, HEAD, Path(tmp) / "critic")
+        dtypes = {"float32"} | {"bfloat16" for m in modes if m.endswith("bf16")} | {"float16" for m in modes if m.endswith("fp16")}
+        critics = {d: load_critic(path, device="cpu", dtype=d) for d in sorted(dtypes)}
+    c32 = critics["float32"]
+    seqs = select(args, c32.tokenizer)
+    n_tok = sum(len(s) - 1 for s in seqs)
+    cpu = torch.backends.cpu.get_cpu_capability()
+    print(f"{len(seqs)} trajectories from {args.data.name}, {n_tok} scored positions, lengths "
+          f"{min(map(len, seqs))}-{max(map(len, seqs))}; torch {torch.__version__}, {torch.get_num_threads()} "
+          f"threads, CPU capability {cpu}; {args.repeats} repeats, modes in rotating order")
 
-    def in_order(budget: int) -> list[list[int]]:
-        out, cur, width = [], [], 0
-        for i, n in enumerate(fed):
-            if cur and (len(cur) + 1) * max(width, n) > budget:
-                out.append(cur)
-                cur, width = [], 0
-            cur.append(i)
-            width = max(width, n)
-        return out + ([cur] if cur else [])
+    def run(mode: str):
+        if mode == "naive":
+            return naive(c32, seqs), {}
+        st: dict = {}
+        kw: dict = {"token_budget": args.token_budget, "stats": st}
+        c = critics["bfloat16"] if mode.endswith("bf16") else critics["float16"] if mode.endswith("fp16") else c32
+        if mode == "rows":
+            kw.update(token_budget=1, strategy=Strategy(share_prefix=False))
+        elif mode == "padded":
+            kw["strategy"] = Strategy(share_prefix=False)
+        elif mode == "packed":
+            kw["strategy"] = Strategy(layout="packed", share_prefix=False, pack_length=args.pack_length)
+        else:
+            kw["strategy"] = "auto"
+        if mode == "shared-eager":
+            c.backbone.config._attn_implementation = "eager"
+        try:
+            return score_values(c, seqs, **kw), st
+        finally:
+            c.backbone.config._attn_implementation = "sdpa"
 
-    print(f"padding efficiency (real / computed positions), {len(seqs)} sequences of {min(fed) + 1}-{max(fed) + 1} tokens:")
-    print(f"  {'budget':>7s} {'sorted (ours)':>14s} {'input order':>12s}")
-    for budget in sorted({4096, 8192, token_budget, 32768, 65536}):
-        print(f"  {budget:7d} {eff_of(plan_batches(fed, budget)):14.3f} {eff_of(in_order(budget)):12.3f}")
+    with torch.inference_mode():  # warm-up: oneDNN primitive creation, allocator
+        for c in critics.values():
+            c.backbone(input_ids=torch.as_tensor(seqs[0][:256])[None])
+    tps: dict[str, list[float]] = {m: [] for m in modes}
+    ratio: dict[str, list[float]] = {m: [] for m in modes}
+    vals: dict[str, list[np.ndarray]] = {}
+    info: dict[str, dict] = {}
+    for rep in range(args.repeats):
+        secs: dict[str, float] = {}
+        for j in range(len(modes)):
+            mode = modes[(j + rep) % len(modes)]
+            t0 = time.perf_counter()
+            v, st = run(mode)
+            secs[mode] = time.perf_counter() - t0
+            vals.setdefault(mode, v)
+            info.setdefault(mode, st)
+            print(f"  repeat {rep + 1}/{args.repeats}: {mode:13s} {n_tok / secs[mode]:8.1f} tokens/s", file=sys.stderr)
+        for m in modes:
+            tps[m].append(n_tok / secs[m])
+            ratio[m].append(secs["naive"] / secs[m])
+        if rep + 1 < args.repeats:  # a summary after every repeat: a run stopped early still reports
+            summary(modes, tps, ratio, vals, info, n_tok, rep + 1, final=False)
+    return summary(modes, tps, ratio, vals, info, n_tok, args.repeats, final=True)
+
+
+def summary(modes, tps, ratio, vals, info, n_tok, repeats: int, *, final: bool) -> int:
+    """The table (medians over the repeats so far) and the best-mode line."""
+    ref = vals["naive"]
+    scale = float(np.nanmax(np.abs(np.concatenate([v[1:] for v in ref]))))
+    print(f"after {repeats} repeat(s):" if not final else f"medians of {repeats} repeats:")
+    print(f"{'mode':13s} {'tokens/s':>9s} {'x naive':>8s} {'(min-max)':>12s} {'fed/real':>9s} {'max|dv|':>9s} "
+          f"{'% scale':>8s}")
+    rows = []
+    for m in modes:
+        st = info[m]
+        fed = (st["computed_tokens"] / st["real_tokens"]) if st else 1.0
+        err = max_diff(vals[m], ref)
+        r = statistics.median(ratio[m])
+        rows.append((m, statistics.median(tps[m]), r, err))
+        print(f"{m:13s} {statistics.median(tps[m]):9.1f} {r:8.2f} {min(ratio[m]):5.2f}-{max(ratio[m]):<5.2f} "
+              f"{fed:9.3f} {err:9.2e} {100 * err / scale:7.2f}%")
+    print(f"value scale: max |v| = {scale:.3f} (naive fp32); fed/real: positions fed to the backbone (pads "
+          "included) per scored position")
+    ok = [r for r in rows if r[0] != "naive" and r[3] <= 0.01 * scale]
+    fp32 = [r for r in rows if r[0] in ("rows", "padded", "packed", "shared")]
+    if fp32:
+        best32 = max(fp32, key=lambda r: r[2])
+        others = ", ".join(f"{m} {r:.2f}x" for m, _, r, _ in fp32 if m != "shared")
+        print(f"ours in fp32: best {best32[0]} {best32[2]:.2f}x naive" + (f"; without prefix sharing: {others}" if others else ""))
+    if not ok:
+        print("best mode: none within 1% of the value scale")
+        return 1
+    best = max(ok, key=lambda r: r[2])
+    print(f"best mode: {best[0]}: {best[2]:.2f}x the naive fp32 loop ({best[1]:.1f} tokens/s), max|dv| {best[3]:.2e}, "
+          f"value scale {scale:.3f} ({100 * best[3] / scale:.4f}%), medians of {repeats} repeat(s) in this run", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

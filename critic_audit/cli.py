@@ -202,7 +202,7 @@ def analyze(
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the plots and the report.")] = False,
     group_by: Annotated[Optional[list[str]], typer.Option("--group-by", help="Also break the numbers down by this trajectory column (repeatable).")] = None,
-    dtype: Dtype = "auto",
+    dtype: Annotated[str, typer.Option(help="Compute dtype: float32 (default: bf16 moves values by ~2.5% of their scale and eta2 with them, docs/critics.md), bfloat16, float16, auto (float32 on CPU, bfloat16 on CUDA).")] = "float32",
     device: Device = "auto",
     token_budget: TokenBudget = 16384,
     max_length: MaxLength = None,

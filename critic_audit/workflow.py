@@ -49,8 +49,9 @@ class ScoringConfig:
     Attributes:
         critic: the critic checkpoint folder (Hugging Face token-classification layout).
         device: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
-        dtype: backbone compute dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``,
-            ``bfloat16`` or ``float16``. The value head always runs in float32.
+        dtype: backbone compute dtype: ``float32`` (default: a bf16 backbone moves the values by
+            ~2.5 % of their scale and eta2 with them, see docs/critics.md), ``bfloat16``, ``float16``
+            or ``auto`` (float32 on CPU, bfloat16 on CUDA). The value head always runs in float32.
         token_budget: most padded tokens (rows x length) in one forward pass.
         trust_remote_code: allow checkpoints whose config asks for custom code.
         workers: scoring workers, each with its own device (1: score in this process).
@@ -64,7 +65,7 @@ class ScoringConfig:
 
     critic: str
     device: str = "auto"
-    dtype: str = "auto"
+    dtype: str = "float32"
     token_budget: int = 16384
     trust_remote_code: bool = False
     workers: int = 1
@@ -735,7 +736,8 @@ def _score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, in
     ])
     rest = tokens.filter(~pl.col("trajectory_id").is_in(need.implode()))
     inference.update({k: stats.get(k) for k in ("n_sequences", "real_tokens", "computed_tokens",
-                                                  "padding_efficiency", "seconds", "tokens_per_s")})
+                                                  "padding_efficiency", "shared_prefix_tokens", "strategy",
+                                                  "seconds", "tokens_per_s")})
     return pl.concat([rest, scored]).sort(["trajectory_id", "position"], maintain_order=True)
 
 

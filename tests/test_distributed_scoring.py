@@ -313,8 +313,7 @@ def test_every_worker_gets_a_chunk_before_any_gets_a_second():
     orig = d._check_same_critic
     d._check_same_critic = lambda *a: None
     try:
-        d._drive(pool, Cache(), Res(), [np.zeros(2, np.int64)] * 2, [0, 1], {}, run, token_budget=8,
-                 attention_mask=False)
+        d._drive(pool, Cache(), Res(), [np.zeros(2, np.int64)] * 2, [0, 1], {}, run, attention_mask=False)
     finally:
         d._check_same_critic = orig
     assert sorted(pool.calls) == [(0, 0), (1, 1)]

@@ -2,7 +2,8 @@
 
 - :func:`load_critic` / :class:`Critic`: a critic checkpoint in any supported format (HF token
   classification, verl, TRL, OpenRLHF, PEFT LoRA, GGUF + head; see ``critic_audit.critic.formats``).
-- :func:`score_values`: per-token values, ``values[t] = head(h[t-1])``, ``values[0] = nan``.
+- :func:`score_values`: per-token values, ``values[t] = head(h[t-1])``, ``values[0] = nan``; shared
+  prefixes fed once, padded or packed rows (:class:`Strategy`, :func:`plan_scoring`).
 - :func:`fit_value_head` / :func:`save_critic`: a ridge value head on a frozen backbone.
 - :func:`score_values_cached` / :func:`scoring_cache`: resumable scoring (chunks in a cache folder).
 - :func:`score_values_distributed` / :class:`CriticSpec`: the same chunks scored by worker processes
@@ -35,6 +36,8 @@ _WHERE = {
     "plan_batches": "infer",
     "save_critic": "fit",
     "save_head": "fit",
+    "Strategy": "infer",
+    "plan_scoring": "infer",
     "score_values": "infer",
     "score_values_cached": "cache",
     "score_values_distributed": "distributed",
@@ -61,6 +64,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from critic_audit.critic.infer import plan_batches
     from critic_audit.critic.fit import save_critic
     from critic_audit.critic.fit import save_head
+    from critic_audit.critic.infer import Strategy
+    from critic_audit.critic.infer import plan_scoring
     from critic_audit.critic.infer import score_values
     from critic_audit.critic.cache import score_values_cached
     from critic_audit.critic.distributed import score_values_distributed
@@ -100,6 +105,8 @@ __all__ = [
     "plan_batches",
     "save_critic",
     "save_head",
+    "Strategy",
+    "plan_scoring",
     "score_values",
     "score_values_cached",
     "score_values_distributed",

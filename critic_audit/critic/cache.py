@@ -3,15 +3,17 @@
 A run killed at any point (even SIGKILL) resumes from the chunks already written and ends with values
 identical to an uninterrupted run:
 
-- The sequences are planned once, exactly as :func:`score_values` plans them (sorted by length,
-  greedy batches under ``token_budget``), and consecutive batches are grouped into chunks of about
-  ``chunk_tokens`` scored positions. Scoring a chunk alone reproduces the same batches, so the values
-  are bit-for-bit those of one uninterrupted call with the same critic and options.
+- The sequences are planned once, exactly as :func:`score_values` plans them
+  (:func:`~critic_audit.critic.infer.plan_scoring`: shared-prefix groups, then sorted, greedy batches
+  under ``token_budget``), and consecutive batches are grouped into chunks of about ``chunk_tokens``
+  scored positions. A chunk runs its own batches of that plan (a shared prefix that spans two chunks
+  is fed once in each, the same way), so the values are bit-for-bit those of one uninterrupted call
+  with the same critic and options.
 - Each chunk is written to ``chunk-NNNNNN.npz`` through a temporary file and an atomic rename; a
   killed run leaves at most a stray temporary file, which is ignored and removed.
 - ``manifest.json`` records what the chunks belong to: the critic's fingerprint (path, format,
-  size and mtime of every weight file, head hash, dtype, device type), the token budget and chunk
-  size, and a hash of the token ids of every sequence. A cache whose manifest differs is discarded.
+  size and mtime of every weight file, head hash, dtype, device type), the token budget, the scoring
+  strategy and chunk size, and a hash of the token ids of every sequence. A cache whose manifest differs is discarded.
 
 The pieces are shared with the distributed scorer (:mod:`critic_audit.critic.distributed`): a
 :class:`ChunkCache` (the plan, the manifest and the chunk files), :func:`score_chunk` (one chunk, checked
@@ -38,7 +40,19 @@ from typing import Any
 
 import numpy as np
 
-from critic_audit.critic.infer import Progress, _validate, _vocab_size, plan_batches, score_values
+from critic_audit.critic.infer import (
+    Progress,
+    ScoreBatch,
+    Strategy,
+    _validate,
+    _vocab_size,
+    batch_members,
+    localize,
+    plan_batches,
+    plan_scoring,
+    resolve_strategy,
+    score_plan,
+)
 from critic_audit.critic.load import Critic, critic_fingerprint
 from critic_audit.critic.options import (  # noqa: F401  (re-exported)
     DEFAULT_CHUNK_TOKENS,
@@ -51,7 +65,7 @@ from critic_audit.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 DELAY_ENV = "CRITIC_AUDIT_SCORING_CHUNK_DELAY"
 _CHUNK = re.compile(r"^chunk-(\d{6})\.npz$")
 
@@ -81,6 +95,27 @@ def plan_chunks(lengths: Sequence[int], token_budget: int, chunk_tokens: int) ->
     return chunks
 
 
+def chunk_plan(batches: Sequence[ScoreBatch], lengths: Sequence[int], chunk_tokens: int) -> list[list[ScoreBatch]]:
+    """The batches of a scoring plan (:func:`~critic_audit.critic.infer.plan_scoring`) grouped, in
+    order, into chunks of at least one batch and about ``chunk_tokens`` scored positions (``lengths``:
+    scored positions per sequence)."""
+    if chunk_tokens < 1:
+        raise ConfigError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    chunks: list[list[ScoreBatch]] = []
+    cur: list[ScoreBatch] = []
+    n = 0
+    for b in batches:
+        size = sum(lengths[i] for i in b.members)
+        if cur and n + size > chunk_tokens:
+            chunks.append(cur)
+            cur, n = [], 0
+        cur.append(b)
+        n += size
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """:func:`critic_audit.outputs.atomic_write` (temporary sibling ``.<name>.tmp-*``, fsync, rename)."""
     from critic_audit.outputs import atomic_write
@@ -95,29 +130,32 @@ class ChunkCache:
     Attributes:
         root: the cache root (shared by several critics and sets of sequences).
         folder: ``root/<critic name>-<key>``, ``key`` a hash of :attr:`manifest`.
-        chunks: per chunk, its batches (lists of sequence indices), as :func:`plan_chunks` makes them.
+        chunks: per chunk, its batches of the scoring plan, as :func:`chunk_plan` groups them.
         lengths: the length of every sequence (tokens).
         manifest: what the chunks belong to (critic fingerprint, options, sequence hashes).
     """
 
     root: Path
     folder: Path
-    chunks: list[list[list[int]]]
+    chunks: list[list[ScoreBatch]]
     lengths: list[int]
     manifest: dict
 
     @classmethod
     def open(cls, cache_root: str | Path, name: str, fingerprint: dict, sequences: Sequence[np.ndarray], *,
-             token_budget: int, chunk_tokens: int, attention_mask: bool) -> ChunkCache:
-        """Plan the chunks of ``sequences`` (validated token ids) and open their folder under
+             token_budget: int, chunk_tokens: int, attention_mask: bool, strategy: Strategy) -> ChunkCache:
+        """Plan the chunks of ``sequences`` (validated token ids) under ``strategy`` (as resolved by
+        :func:`~critic_audit.critic.infer.resolve_strategy`) and open their folder under
         ``cache_root``: an existing folder whose manifest differs is discarded, stray temporary files
         are removed, and the manifest is written when missing."""
         lengths = [len(s) for s in sequences]
-        chunks = plan_chunks([max(n - 1, 0) for n in lengths], token_budget, chunk_tokens)
+        plan = plan_scoring(sequences, token_budget, strategy)
+        chunks = chunk_plan(plan, [max(n - 1, 0) for n in lengths], chunk_tokens)
         manifest = {
             "version": CACHE_VERSION,
             "critic": fingerprint,
             "token_budget": int(token_budget),
+            "strategy": strategy.as_dict(),
             "chunk_tokens": int(chunk_tokens),
             "attention_mask": bool(attention_mask),
             "n_sequences": len(sequences),
@@ -145,7 +183,7 @@ class ChunkCache:
 
     def indices(self, k: int) -> list[int]:
         """The sequence indices of chunk ``k``, batch after batch."""
-        return [i for b in self.chunks[k] for i in b]
+        return batch_members(self.chunks[k])
 
     def chunk_tokens(self, k: int) -> int:
         """Scored positions of chunk ``k`` (``len - 1`` per sequence)."""
@@ -193,19 +231,20 @@ class ChunkCache:
             self.root.rmdir()  # only when empty
 
 
-def score_chunk(critic: Critic, sequences: Sequence[np.ndarray], n_batches: int, *, token_budget: int,
+def score_chunk(critic: Critic, sequences: Sequence[np.ndarray], batches: Sequence[ScoreBatch], *,
                 attention_mask: bool = False, progress: Progress | None = None) -> tuple[list[np.ndarray], dict]:
-    """:func:`score_values` on one chunk's sequences (in chunk order), checked to reproduce the
-    ``n_batches`` batches of the global plan. Returns ``(values, stats)``.
+    """One chunk: its ``batches`` of the global plan (sequence indices as in the whole set) run on
+    ``sequences``, the chunk's own sequences in :func:`~critic_audit.critic.infer.batch_members`
+    order (what :meth:`ChunkCache.indices` lists). Returns ``(values, stats)`` in that order.
 
     Raises:
-        RuntimeError: the chunk planned another number of batches (the values would differ).
+        RuntimeError: ``sequences`` are not as many as the batches' members.
     """
+    local = localize(batches)
+    if len(sequences) != len(batch_members(local)):
+        raise RuntimeError(f"a chunk got {len(sequences)} sequences for {len(batch_members(local))} members")
     st: dict = {}
-    vals = score_values(critic, sequences, token_budget=token_budget, stats=st, attention_mask=attention_mask,
-                        progress=progress)
-    if st.get("n_batches") != n_batches:  # the chunk must reproduce the global plan
-        raise RuntimeError(f"a chunk planned {st.get('n_batches')} batches instead of {n_batches}")
+    vals = score_plan(critic, sequences, local, stats=st, attention_mask=attention_mask, progress=progress)
     return vals, st
 
 
@@ -213,7 +252,7 @@ class ChunkResults:
     """Per-sequence values filled in as chunks land (read back from the cache or scored), with progress
     and the statistics of :func:`score_values_cached`."""
 
-    SUMMED = ("n_batches", "real_tokens", "computed_tokens", "seconds")
+    SUMMED = ("n_batches", "real_tokens", "computed_tokens", "shared_prefix_tokens", "prefix_passes", "seconds")
 
     def __init__(self, cache: ChunkCache, progress: Progress | None = None) -> None:
         self.cache = cache
@@ -221,7 +260,8 @@ class ChunkResults:
         self.total = sum(max(n - 1, 0) for n in cache.lengths)
         self.done = 0
         self.resumed = 0
-        self.agg: dict[str, Any] = {"n_batches": 0, "real_tokens": 0, "computed_tokens": 0, "seconds": 0.0}
+        self.agg: dict[str, Any] = dict.fromkeys(self.SUMMED, 0)
+        self.agg["seconds"] = 0.0
         self.shapes: dict[int, list] = {}
         self.progress = progress
         if progress:
@@ -233,7 +273,7 @@ class ChunkResults:
             self.resumed += 1
         else:
             for name in self.SUMMED:
-                self.agg[name] += stats[name]
+                self.agg[name] += stats.get(name, 0)
             self.shapes[k] = stats["batch_shapes"]
         for i, v in zip(self.cache.indices(k), values, strict=True):
             self.values[i] = v
@@ -247,9 +287,10 @@ class ChunkResults:
         agg = dict(self.agg, batch_shapes=[s for k in sorted(self.shapes) for s in self.shapes[k]])
         sec = agg["seconds"] if seconds is None else seconds
         agg["seconds"] = sec
+        fed = agg["real_tokens"] - agg["shared_prefix_tokens"]
         return dict(
             n_sequences=len(self.values), **agg,
-            padding_efficiency=(agg["real_tokens"] / agg["computed_tokens"]) if agg["computed_tokens"] else 1.0,
+            padding_efficiency=(fed / agg["computed_tokens"]) if agg["computed_tokens"] else 1.0,
             tokens_per_s=(agg["real_tokens"] / sec) if sec > 0 else None,
             n_chunks=len(self.cache.chunks), resumed_chunks=self.resumed, cache_dir=str(self.cache.folder),
         )
@@ -266,6 +307,7 @@ def score_values_cached(
     stats: dict | None = None,
     attention_mask: bool = False,
     keep: bool = False,
+    strategy: Strategy | str | None = "auto",
 ) -> list[np.ndarray]:
     """:func:`score_values` that writes its results chunk by chunk under ``cache_root`` and resumes
     from a previous, interrupted call with the same critic, options and sequences.
@@ -273,22 +315,26 @@ def score_values_cached(
     The chunks live in ``cache_root/<key>/`` (``key`` hashes the manifest); that folder is removed
     after success unless ``keep`` (and ``cache_root`` too when it is left empty). ``stats`` gets the
     keys of :func:`score_values` (for the work done in this call) plus ``n_chunks``,
-    ``resumed_chunks`` (read back from the cache) and ``cache_dir``.
+    ``resumed_chunks`` (read back from the cache) and ``cache_dir``. ``strategy``: as
+    :func:`score_values` (recorded in the manifest).
     """
     seqs = _validate(sequences, critic.max_length, _vocab_size(critic))
+    strat = resolve_strategy(strategy, critic.device.type, getattr(critic.backbone, "config", None),
+                             attention_mask=attention_mask)
     cache = ChunkCache.open(cache_root, Path(critic.path).name, critic_fingerprint(critic), seqs,
-                            token_budget=token_budget, chunk_tokens=chunk_tokens, attention_mask=attention_mask)
+                            token_budget=token_budget, chunk_tokens=chunk_tokens, attention_mask=attention_mask,
+                            strategy=strat)
     res = ChunkResults(cache, progress)
     for k, batches in enumerate(cache.chunks):
         vals, st = cache.load(k), None
         if vals is None:
             inner = (lambda d, _n, _base=res.done: progress(_base + d, res.total)) if progress else None
-            vals, st = score_chunk(critic, [seqs[i] for i in cache.indices(k)], len(batches),
-                                   token_budget=token_budget, attention_mask=attention_mask, progress=inner)
+            vals, st = score_chunk(critic, [seqs[i] for i in cache.indices(k)], batches,
+                                   attention_mask=attention_mask, progress=inner)
             cache.save(k, vals)
         res.add(k, vals, st)
     if stats is not None:
-        stats.update(res.stats())
+        stats.update(res.stats(), strategy=strat.as_dict())
     if not keep:
         cache.remove()
     return res.values

@@ -8,9 +8,9 @@ several workers (one per GPU of a node, or Ray actors across nodes), with identi
   time (a work queue: a fast worker takes more). A worker loads the critic once and returns values;
   the **driver** writes every chunk file atomically as it arrives, so the workers need no shared
   filesystem and a run killed at any point resumes from the chunks that landed.
-- Each chunk alone reproduces its batches of the global plan, so the values are bit-for-bit those
-  of :func:`~critic_audit.critic.score_values` with the same critic and options on the same kind of
-  device (tested on CPU).
+- Each chunk carries its batches of the global plan (shared-prefix groups included), so the values
+  are bit-for-bit those of :func:`~critic_audit.critic.score_values` with the same critic and options
+  on the same kind of device (tested on CPU).
 
 Backends: ``"processes"`` (one spawned process per worker on this machine; on CUDA worker ``i``
 uses ``cuda:i``, on CPU each worker gets ``cpu_count // workers`` threads) and ``"ray"`` (one Ray actor
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from critic_audit.critic.cache import ChunkCache, ChunkResults, score_chunk
-from critic_audit.critic.infer import Progress, _validate
+from critic_audit.critic.infer import Progress, ScoreBatch, Strategy, _validate, resolve_strategy
 from critic_audit.critic.load import (
     Critic,
     CriticInfo,
@@ -113,7 +113,7 @@ class ChunkScorer:
         return {"host": socket.gethostname(), "pid": os.getpid(), "device": str(self.critic.device),
                 "fingerprint": critic_fingerprint(self.critic)}
 
-    def score(self, k: int, sequences: list[np.ndarray], n_batches: int, token_budget: int,
+    def score(self, k: int, sequences: list[np.ndarray], batches: list[ScoreBatch],
               attention_mask: bool) -> tuple[int, list[np.ndarray], dict]:
         """Chunk ``k``: ``(k, values, stats)`` of :func:`~critic_audit.critic.cache.score_chunk`."""
         after = os.environ.get(FAIL_ENV)
@@ -123,8 +123,7 @@ class ChunkScorer:
             raise RuntimeError(f"{FAIL_ENV}={after}: injected failure")
         if self.critic is None:
             self.ready()
-        vals, st = score_chunk(self.critic, sequences, n_batches, token_budget=token_budget,
-                               attention_mask=attention_mask)
+        vals, st = score_chunk(self.critic, sequences, batches, attention_mask=attention_mask)
         self.scored += 1
         return k, vals, st
 
@@ -293,6 +292,7 @@ def score_values_distributed(
     ray_address: str | None = None,
     threads: int | None = None,
     info: CriticInfo | None = None,
+    strategy: Strategy | str | None = "auto",
 ) -> list[np.ndarray]:
     """:func:`~critic_audit.critic.score_values_cached` with the chunks scored by ``workers`` workers.
 
@@ -315,6 +315,7 @@ def score_values_distributed(
         threads: torch threads per worker (default: the CPUs divided among the workers; 1 per Ray
             actor on CPU).
         info: the critic as :func:`inspect_critic` described it, when the caller has it already.
+        strategy: as :func:`score_values`, resolved by the driver for the workers' device type.
 
     Returns:
         float32 arrays, bit-for-bit those of :func:`score_values` on the same kind of device.
@@ -354,8 +355,9 @@ def score_values_distributed(
             threads = threads or max(1, _cpu_count() // workers)
         dtype = resolve_dtype(critic.dtype, torch.device(device_type))
         fingerprint = info.fingerprint(dtype, device_type)
+        strat = resolve_strategy(strategy, device_type, info.config, attention_mask=attention_mask)
         cache = ChunkCache.open(cache_root, Path(info.path).name, fingerprint, seqs, token_budget=token_budget,
-                                chunk_tokens=chunk_tokens, attention_mask=attention_mask)
+                                chunk_tokens=chunk_tokens, attention_mask=attention_mask, strategy=strat)
         res = ChunkResults(cache, progress)
         pending = []
         for k in range(len(cache.chunks)):
@@ -365,13 +367,12 @@ def score_values_distributed(
             else:
                 res.add(k, vals, None)
         run = {"backend": backend, "workers": workers, "device_type": device_type, "dtype": fingerprint["dtype"],
-               "devices": [], "startup_seconds": 0.0, "worker_seconds": 0.0}
+               "devices": [], "startup_seconds": 0.0, "worker_seconds": 0.0, "strategy": strat.as_dict()}
         wall = 0.0
         if pending:
             pool = (_Ray(ray, critic, workers, device_type, threads) if backend == "ray"
                     else _Processes(critic, devices, threads))
-            wall = _drive(pool, cache, res, seqs, pending, fingerprint, run, token_budget=token_budget,
-                          attention_mask=attention_mask)
+            wall = _drive(pool, cache, res, seqs, pending, fingerprint, run, attention_mask=attention_mask)
     finally:
         if started_ray:
             ray.shutdown()
@@ -385,7 +386,7 @@ def score_values_distributed(
 
 
 def _drive(pool: _Processes | _Ray, cache: ChunkCache, res: ChunkResults, seqs: list[np.ndarray],
-           pending: list[int], fingerprint: dict, run: dict, *, token_budget: int, attention_mask: bool) -> float:
+           pending: list[int], fingerprint: dict, run: dict, *, attention_mask: bool) -> float:
     """Start the workers, hand out ``pending`` chunks longest first, write each as it lands; returns
     the wall time of the scoring (after the workers are ready)."""
     n = pool.n
@@ -420,7 +421,7 @@ def _drive(pool: _Processes | _Ray, cache: ChunkCache, res: ChunkResults, seqs: 
                     k = queue.popleft()
                     try:
                         fut = pool.submit(w, "score", k, [seqs[i] for i in cache.indices(k)],
-                                          len(cache.chunks[k]), token_budget, attention_mask)
+                                          cache.chunks[k], attention_mask)
                     except Exception as exc:  # a worker that died since its last result
                         raise _worker_error(w, k, exc, written(), total) from exc
                     inflight[fut] = (w, k)

@@ -5,21 +5,41 @@ position ``t-1``, i.e. ``V_t`` is the value of the state *before* token ``t`` wa
 convention of verl, TRL and OpenRLHF, which take ``values[:, :-1]`` aligned with the actions).
 
 Since ``h[t-1]`` only depends on tokens ``0..t-1`` (causal attention), the last token of each sequence
-is never fed to the backbone.
+is never fed to the backbone, and two sequences that share their first ``P`` tokens share the hidden
+states of those positions exactly.
 
-Throughput: sequences are sorted by length (longest first) and packed greedily into batches whose padded
-size ``rows x max length`` stays within ``token_budget`` (a single longer sequence runs alone), with
-right padding. Right padding never changes the hidden states of real tokens under
-causal attention, so values do not depend on batch composition; for that reason the padding mask is
-not even passed by default (``attention_mask=False``), which keeps SDPA on its fused causal kernel.
+:func:`score_values` runs a *plan* (:func:`plan_scoring`, a list of :class:`ScoreBatch`) made under a
+:class:`Strategy`:
+
+- **shared prefixes** (``share_prefix``): the sequences are arranged in a prefix tree (a radix tree
+  over their token ids); every shared span of at least ``min_prefix`` tokens (the system prompt of
+  every trajectory of an agent, the prompt of the G rollouts of a GRPO group, the history that a
+  step-wise log repeats turn after turn) is fed once, and its key/value cache is reused for the
+  continuations. Causal attention makes this exact (same values up to float rounding: tested to
+  1e-5 in float32 against scoring every sequence whole).
+- **layout** ``"padded"``: the rest (whole sequences, or continuations of one prefix) sorted by
+  length, longest first, and grouped greedily into batches whose padded size stays within
+  ``token_budget`` (a single longer sequence runs alone), right padded. Right padding never changes
+  the hidden states of real tokens under causal attention, so no padding mask is passed (which keeps
+  SDPA on its fused causal kernel) and values do not depend on batch composition.
+- **layout** ``"packed"``: padding-free: several whole sequences concatenated in one row of at most
+  ``pack_length`` tokens, with per-sequence position ids (restarting at 0). transformers turns such
+  position ids into a block-diagonal causal mask (SDPA, eager) or variable-length kernels
+  (flash-attention on CUDA), so the values are those of each sequence alone.
+
+The plan depends only on the sequences and the strategy; a batch's values depend only on the batch
+(a prefix's cache is computed the same way wherever it is needed), so scoring any subset of the
+batches (a resumable chunk, a worker's share) gives values bit-identical to one call over all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +47,8 @@ import torch
 
 from critic_audit.critic.load import Critic
 from critic_audit.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
 
@@ -162,6 +184,413 @@ def _validate(sequences: Sequence[np.ndarray], max_length: int, vocab: int | Non
     return out
 
 
+LAYOUTS = ("padded", "packed")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How :func:`score_values` lays out its forward passes (see the module docstring).
+
+    Attributes:
+        layout: ``"padded"`` (sorted batches of right-padded rows, one sequence each) or ``"packed"``
+            (several whole sequences per row, per-sequence position ids, block-diagonal attention).
+        share_prefix: feed every token prefix shared by several sequences once and reuse its
+            key/value cache for what follows (exact for causal backbones; turned off for backbones
+            with sliding-window attention and when the padding mask is passed).
+        min_prefix: the shortest shared span (tokens) given a forward pass of its own; shorter
+            shared spans (a chat template's default system line) are recomputed per sequence.
+        pack_length: the most tokens in one packed row (a longer sequence gets a row alone).
+    """
+
+    layout: str = "padded"
+    share_prefix: bool = True
+    min_prefix: int = 64
+    pack_length: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"unknown scoring layout {self.layout!r}", fix=f"use one of {', '.join(LAYOUTS)}")
+        if self.min_prefix < 1 or self.pack_length < 1:
+            raise ConfigError(f"min_prefix and pack_length must be >= 1, got {self.min_prefix} and {self.pack_length}")
+
+    def as_dict(self) -> dict:
+        return {"layout": self.layout, "share_prefix": self.share_prefix, "min_prefix": self.min_prefix,
+                "pack_length": self.pack_length}
+
+
+def default_strategy(device_type: str = "cpu") -> Strategy:
+    """The strategy ``score_values(strategy="auto")`` uses on a ``device_type`` device, chosen from
+    ``benchmarks/bench_inference.py`` (CPU) and ``benchmarks/bench_gpu.py`` (CUDA); see docs/critics.md.
+    Shared prefixes are always fed once (exact, and the largest saving on agent logs); on CPU
+    padded rows of sorted sequences beat packing (a packed row's block-diagonal mask makes SDPA
+    compute the whole row's attention)."""
+    return Strategy(layout="padded", share_prefix=True)
+
+
+def resolve_strategy(strategy: Strategy | str | None, device_type: str, config: Any = None, *,
+                     attention_mask: bool = False) -> Strategy:
+    """``strategy`` (``"auto"``/None: :func:`default_strategy`) as it will run: prefix sharing off when
+    ``attention_mask`` (a backbone that may not be causal) or when ``config`` (the backbone's HF config
+    or config.json dict; None: unknown) declares sliding-window attention; packing off with
+    ``attention_mask``."""
+    if strategy is None or strategy == "auto":
+        strategy = default_strategy(device_type)
+    elif isinstance(strategy, str):
+        strategy = Strategy(layout=strategy)
+    if attention_mask:
+        return Strategy(layout="padded", share_prefix=False, min_prefix=strategy.min_prefix,
+                        pack_length=strategy.pack_length)
+    if strategy.share_prefix and not _full_attention(config):
+        log.info("shared-prefix reuse is off: the backbone has sliding-window (or unknown) attention")
+        return Strategy(layout=strategy.layout, share_prefix=False, min_prefix=strategy.min_prefix,
+                        pack_length=strategy.pack_length)
+    return strategy
+
+
+def _full_attention(config: Any) -> bool:
+    """Whether every layer of ``config`` attends to the whole past (so a prefix's cache is reusable)."""
+    if config is None:
+        return False
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    text = get("text_config")
+    if text is not None:
+        return _full_attention(text)
+    types = get("layer_types")
+    if types is not None:
+        return all(t == "full_attention" for t in types)
+    if get("sliding_window") is not None and get("use_sliding_window", True):
+        return False
+    return get("attention_chunk_size") is None
+
+
+#: One segment of a row: fed positions ``[start, end)`` of sequence ``seq`` (i.e. tokens
+#: ``seq[start:end]``, whose hidden states give ``values[start + 1 : end + 1]``).
+Segment = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class ScoreBatch:
+    """One forward pass of a plan (:func:`plan_scoring`).
+
+    Attributes:
+        rows: per row, its segments ``(sequence index, start, end)``; one per row when padded, several
+            when packed. A member whose tokens all lie in the prefix has an empty segment
+            (``start == end``).
+        prefix: the shared spans ``(node id, start, end)`` fed before the rows, root first: the tokens
+            ``[start, end)`` are common to every member; their key/value cache is computed once per
+            call (reused by every batch below that node) and their values go to every member.
+        packed: rows hold several sequences with per-sequence position ids.
+    """
+
+    rows: tuple[tuple[Segment, ...], ...]
+    prefix: tuple[Segment, ...] = ()
+    packed: bool = False
+
+    @property
+    def members(self) -> list[int]:
+        """The sequences this batch gives values to, each once, in row order."""
+        return [seg[0] for row in self.rows for seg in row]
+
+    @property
+    def prefix_length(self) -> int:
+        return self.prefix[-1][2] if self.prefix else 0
+
+    def shape(self) -> tuple[int, int]:
+        """``(rows, cols)`` of the forward pass over the rows (rows with tokens only)."""
+        fills = [sum(e - s for _, s, e in row) for row in self.rows]
+        fills = [f for f in fills if f > 0]
+        return (len(fills), max(fills, default=0))
+
+    def relabel(self, mapping: dict[int, int]) -> ScoreBatch:
+        """The same batch with sequence ``i`` renamed ``mapping[i]`` (node ids kept)."""
+        rows = tuple(tuple((mapping[i], s, e) for i, s, e in row) for row in self.rows)
+        return ScoreBatch(rows=rows, prefix=self.prefix, packed=self.packed)
+
+
+def batch_members(batches: Sequence[ScoreBatch]) -> list[int]:
+    """The sequences of ``batches``, batch after batch (each sequence is in exactly one batch)."""
+    return [i for b in batches for i in b.members]
+
+
+def localize(batches: Sequence[ScoreBatch]) -> list[ScoreBatch]:
+    """``batches`` with sequences renumbered ``0..n-1`` in :func:`batch_members` order (what a chunk's
+    own list of sequences is indexed by)."""
+    mapping = {i: j for j, i in enumerate(batch_members(batches))}
+    return [b.relabel(mapping) for b in batches]
+
+
+def plan_scoring(sequences: Sequence[np.ndarray], token_budget: int, strategy: Strategy) -> list[ScoreBatch]:
+    """The forward passes that give every sequence its values (each sequence in exactly one batch;
+    sequences of fewer than 2 tokens in none).
+
+    Shared-prefix groups come first (depth first over the prefix tree), their continuations batched
+    under ``rows x (prefix + cols) <= token_budget``; then the sequences that share no prefix, as
+    :func:`plan_batches` groups them (padded) or packed into rows of ``strategy.pack_length`` tokens
+    and batches of ``rows x cols <= token_budget``. Deterministic: the same sequences and options
+    always give the same plan.
+
+    Raises:
+        ConfigError: ``token_budget < 1``.
+    """
+    if token_budget < 1:
+        raise ConfigError(f"token_budget must be >= 1, got {token_budget}")
+    fed = [max(len(s) - 1, 0) for s in sequences]
+    idx = [i for i, n in enumerate(fed) if n > 0]
+    groups: list[tuple[tuple[Segment, ...], list[Segment]]] = []
+    if strategy.share_prefix and len(idx) > 1:
+        groups, root = _prefix_groups(sequences, fed, idx, strategy.min_prefix)
+    else:
+        root = [(i, 0, fed[i]) for i in idx]
+    batches: list[ScoreBatch] = []
+    for path, segs in groups:
+        p = path[-1][2]
+        order = sorted(segs, key=lambda g: (-(g[2] - g[1]), g[0]))
+        cur: list[Segment] = []
+        width = 0
+        for g in order:
+            n = g[2] - g[1]
+            if cur and (len(cur) + 1) * (p + max(width, n)) > token_budget and n > 0:
+                batches.append(ScoreBatch(rows=tuple((x,) for x in cur), prefix=path))
+                cur, width = [], 0
+            cur.append(g)
+            width = max(width, n)
+        batches.append(ScoreBatch(rows=tuple((x,) for x in cur), prefix=path))
+    if strategy.layout == "packed":
+        batches += _pack(root, strategy.pack_length, token_budget)
+    else:
+        lengths = {i: e for i, _, e in root}
+        full = [lengths.get(i, 0) for i in range(len(fed))]
+        batches += [ScoreBatch(rows=tuple(((i, 0, full[i]),) for i in b)) for b in plan_batches(full, token_budget)]
+    return batches
+
+
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    m = min(len(a), len(b))
+    d = np.flatnonzero(a[:m] != b[:m])
+    return int(d[0]) if d.size else m
+
+
+def _prefix_groups(sequences: Sequence[np.ndarray], fed: list[int], idx: list[int], min_prefix: int):
+    """The radix tree of the fed tokens (``seq[:-1]``) of ``idx``, cut to spans of ``>= min_prefix``
+    tokens shared by at least two sequences. Returns ``(groups, root)``: ``groups`` lists, depth first,
+    ``(path, segments)`` (the shared spans from the root, the continuations below the last one) and
+    ``root`` the segments of the sequences that share no such span."""
+    keys = {i: np.asarray(sequences[i][: fed[i]], dtype=">i4").tobytes() for i in idx}  # bytes order = id order
+    order = sorted(idx, key=lambda i: (keys[i], i))
+    arrs = [np.asarray(sequences[i][: fed[i]]) for i in order]  # views, no copies
+    lcp = np.zeros(len(order), dtype=np.int64)
+    for k in range(1, len(order)):
+        lcp[k] = _lcp(arrs[k - 1], arrs[k])
+    flen = np.asarray([fed[i] for i in order], dtype=np.int64)
+    groups: dict[tuple, list[Segment]] = {}
+    path_order: list[tuple] = []
+    root: list[Segment] = []
+    next_id = 0
+
+    def emit(path: tuple, seg: Segment) -> None:
+        if not path:
+            root.append(seg)
+            return
+        if path not in groups:
+            groups[path] = []
+            path_order.append(path)
+        groups[path].append(seg)
+
+    # explicit stack of (lo, hi, depth, path): all of order[lo..hi] share their first `depth` tokens
+    stack = [(0, len(order) - 1, 0, ())]
+    while stack:
+        lo, hi, depth, path = stack.pop()
+        if lo == hi:
+            emit(path, (order[lo], depth, int(flen[lo])))
+            continue
+        common = int(lcp[lo + 1: hi + 1].min())
+        if common - depth >= min_prefix:
+            node = (next_id, depth, common)
+            next_id += 1
+            path, depth = path + (node,), common
+            groups.setdefault(path, [])
+            path_order.append(path)
+        cuts = [lo, *(np.flatnonzero(lcp[lo + 1: hi + 1] == common) + lo + 1).tolist(), hi + 1]
+        children = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if b - a == 1 and flen[a] == common:  # a sequence that ends where the others go on
+                emit(path, (order[a], depth, common))
+            else:
+                children.append((a, b - 1, depth, path))
+        stack.extend(reversed(children))  # depth first, in sorted order
+    return [(p, groups[p]) for p in dict.fromkeys(path_order) if groups[p]], root
+
+
+def _pack(segs: list[Segment], pack_length: int, token_budget: int) -> list[ScoreBatch]:
+    """First-fit decreasing packing of whole sequences into rows of at most ``pack_length`` tokens,
+    then rows (fullest first) into batches of ``rows x cols <= token_budget``."""
+    rows: list[list[Segment]] = []
+    fill: list[int] = []
+    for g in sorted(segs, key=lambda g: (-(g[2] - g[1]), g[0])):
+        n = g[2] - g[1]
+        for r in range(len(rows)):
+            if fill[r] + n <= pack_length:
+                rows[r].append(g)
+                fill[r] += n
+                break
+        else:
+            rows.append([g])
+            fill.append(n)
+    batches: list[ScoreBatch] = []
+    cur: list[list[Segment]] = []
+    width = 0
+    for r in sorted(range(len(rows)), key=lambda r: (-fill[r], r)):
+        if cur and (len(cur) + 1) * max(width, fill[r]) > token_budget:
+            batches.append(ScoreBatch(rows=tuple(tuple(x) for x in cur), packed=True))
+            cur, width = [], 0
+        cur.append(rows[r])
+        width = max(width, fill[r])
+    if cur:
+        batches.append(ScoreBatch(rows=tuple(tuple(x) for x in cur), packed=True))
+    return batches
+
+
+class _PrefixCache:
+    """The key/value cache of the current path of shared spans (a stack: a batch under another node
+    pops what it does not share), with the float32 values of the spans' positions."""
+
+    def __init__(self, backbone: torch.nn.Module, device: torch.device, head: Callable) -> None:
+        self.backbone, self.device, self.head = backbone, device, head
+        self.nodes: list[tuple[int, int, int, np.ndarray]] = []
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.computed = 0
+        self.shapes: list[tuple[int, int]] = []
+
+    def cache(self, rows: int):
+        """A fresh ``DynamicCache`` holding the current path's keys and values for ``rows`` rows."""
+        from transformers import DynamicCache
+
+        if not self.kv:
+            return DynamicCache(config=self.backbone.config)
+        return DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
+                                            for k, v in self.kv], config=self.backbone.config)
+
+    def enter(self, path: Sequence[Segment], tokens: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+        """Make ``path`` the current one (``tokens``: a member's token ids); returns per span
+        ``(start, end, values of positions start..end-1)``."""
+        j = 0
+        while j < len(self.nodes) and j < len(path) and self.nodes[j][0] == path[j][0]:
+            j += 1
+        if j < len(self.nodes):
+            del self.nodes[j:]
+            p = self.nodes[-1][2] if self.nodes else 0
+            self.kv = [(k[..., :p, :], v[..., :p, :]) for k, v in self.kv] if p else None
+        for nid, s, e in path[j:]:
+            cache = self.cache(1)
+            ids = torch.from_numpy(np.array(tokens[s:e], dtype=np.int64))[None].to(self.device)
+            out = self.backbone(input_ids=ids, past_key_values=cache, use_cache=True)
+            h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+            self.kv = [(layer.keys, layer.values) for layer in cache.layers]
+            self.nodes.append((nid, s, e, self.head(h)[0]))
+            self.computed += e - s
+            self.shapes.append((1, e - s))
+        return [(s, e, v) for _, s, e, v in self.nodes]
+
+
+def score_plan(
+    critic: Critic,
+    sequences: Sequence[np.ndarray],
+    batches: Sequence[ScoreBatch],
+    *,
+    progress: Progress | None = None,
+    stats: dict | None = None,
+    attention_mask: bool = False,
+) -> list[np.ndarray]:
+    """Run ``batches`` (from :func:`plan_scoring` over these ``sequences``, or a chunk of such a plan
+    renumbered by :func:`localize`): float32 values per sequence (nan where no batch gives any).
+    ``stats`` as :func:`score_values`."""
+    results = [np.full(len(s), np.nan, dtype=np.float32) for s in sequences]
+    pad_id = getattr(critic.tokenizer, "pad_token_id", None) or 0
+    w = critic.head.weight.detach().float().reshape(-1)
+    b = critic.head.bias.detach().float().reshape(()) if critic.head.bias is not None else 0.0
+    dev = critic.device
+
+    def head(h: torch.Tensor) -> np.ndarray:
+        return (h.float() @ w + b).cpu().numpy()  # float32 [rows, cols]
+
+    fed = [max(len(s) - 1, 0) for s in sequences]
+    total = sum(fed[i] for bt in batches for i in bt.members)
+    done = computed = in_rows = 0
+    shapes: list[tuple[int, int]] = []
+    prefixes = _PrefixCache(critic.backbone, dev, head)
+    t0 = time.perf_counter()
+    if progress:
+        progress(0, total)
+    with torch.inference_mode():
+        for bt in batches:
+            members = bt.members
+            past = None
+            if bt.prefix:
+                for s, e, v in prefixes.enter(bt.prefix, sequences[members[0]]):
+                    for i in members:
+                        results[i][s + 1: e + 1] = v
+            rows = [row for row in bt.rows if sum(e - s for _, s, e in row) > 0]
+            if rows:
+                n_rows, cols = bt.shape()
+                ids = torch.full((n_rows, cols), pad_id, dtype=torch.long)
+                pos = torch.zeros((n_rows, cols), dtype=torch.long) if bt.packed else None
+                mask = torch.zeros((n_rows, cols), dtype=torch.long) if attention_mask else None
+                for r, row in enumerate(rows):
+                    off = 0
+                    for i, s, e in row:
+                        ids[r, off: off + e - s] = torch.from_numpy(np.array(sequences[i][s:e], dtype=np.int64))
+                        if pos is not None:
+                            pos[r, off: off + e - s] = torch.arange(s, e)
+                        off += e - s
+                    if pos is not None:  # the pads form a block of their own: no real token attends to them
+                        pos[r, off:] = torch.arange(cols - off)
+                    if mask is not None:
+                        mask[r, :off] = 1
+                kw: dict[str, Any] = {}
+                if pos is not None:
+                    kw["position_ids"] = pos.to(dev)
+                if mask is not None:
+                    kw["attention_mask"] = mask.to(dev)
+                if bt.prefix:
+                    past = prefixes.cache(n_rows)
+                    kw.update(past_key_values=past, use_cache=True)
+                else:
+                    kw["use_cache"] = False
+                out = critic.backbone(input_ids=ids.to(dev), **kw)
+                v = head(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
+                del out, past
+                for r, row in enumerate(rows):
+                    off = 0
+                    for i, s, e in row:
+                        results[i][s + 1: e + 1] = v[r, off: off + e - s]
+                        off += e - s
+                shapes.append((n_rows, cols))
+                computed += n_rows * cols
+                in_rows += sum(e - s for row in rows for _, s, e in row)
+            done += sum(fed[i] for i in members)
+            if progress:
+                progress(done, total)
+    if stats is not None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        seconds = time.perf_counter() - t0
+        fed_once = in_rows + prefixes.computed
+        all_computed = computed + prefixes.computed
+        stats.update(
+            n_sequences=len(sequences),
+            n_batches=len(batches),
+            batch_shapes=prefixes.shapes + shapes,
+            real_tokens=total,
+            computed_tokens=all_computed,
+            padding_efficiency=(fed_once / all_computed) if all_computed else 1.0,
+            shared_prefix_tokens=total - fed_once,
+            prefix_passes=len(prefixes.shapes),
+            seconds=seconds,
+            tokens_per_s=(total / seconds) if seconds > 0 else math.inf,
+        )
+    return results
+
+
 def score_values(
     critic: Critic,
     sequences: Sequence[np.ndarray],
@@ -170,51 +599,44 @@ def score_values(
     progress: Progress | None = None,
     stats: dict | None = None,
     attention_mask: bool = False,
+    strategy: Strategy | str | None = "auto",
 ) -> list[np.ndarray]:
     """Per-token critic values for each token-id sequence, in input order.
 
     Args:
         critic: from :func:`critic_audit.critic.load_critic`.
         sequences: 1-D integer arrays of token ids (each at most ``critic.max_length`` long).
-        token_budget: cap on a batch's padded size ``rows x max length`` (a longer single sequence
-            runs alone). Lower it if memory runs out; on CPU 4096-16384 is a good range.
+        token_budget: cap on a batch's size ``rows x (shared prefix + max row length)`` (a longer
+            single row runs alone). Lower it if memory runs out; on CPU 4096-16384 is a good range.
         progress: optional ``progress(done_tokens, total_tokens)`` called after each batch.
         stats: optional dict filled with ``n_sequences``, ``n_batches``, ``batch_shapes`` (list of
-            ``(rows, cols)``), ``real_tokens`` and ``computed_tokens`` (fed positions, i.e. ``len - 1``
-            per sequence, and padded positions), ``padding_efficiency`` (real / computed),
-            ``seconds`` and ``tokens_per_s`` (real fed tokens per second).
-        attention_mask: pass the padding mask to the backbone. Not needed for causal decoders with
-            right padding (the values are the same, see the batch-independence test) and 2-4x slower
-            on CPU for padded batches, so off by default; turn it on for a backbone that is not causal.
+            ``(rows, cols)`` of every forward pass, shared-prefix passes first), ``real_tokens``
+            (scored positions, ``len - 1`` per sequence: what scoring each sequence alone feeds),
+            ``computed_tokens`` (positions fed, pads included), ``padding_efficiency`` (non-pad /
+            computed), ``shared_prefix_tokens`` (positions whose hidden state came from a shared
+            prefix instead of being fed again), ``prefix_passes``, ``strategy`` (what ran),
+            ``seconds`` and ``tokens_per_s`` (real tokens per second).
+        attention_mask: pass the padding mask to the backbone (for a backbone that may not be
+            causal; turns prefix sharing and packing off). Not needed for causal decoders with
+            right padding (the values are the same) and slower, so off by default.
+        strategy: a :class:`Strategy`, a layout name (``"padded"``, ``"packed"``), or ``"auto"``
+            (:func:`default_strategy` for the critic's device).
 
     Returns:
         float32 arrays of the same lengths: ``values[0] = nan``, ``values[t] = head(h[t-1])``.
 
     Raises:
         ConfigError: a sequence longer than ``critic.max_length``, not 1-D integer, with ids out of
-            the vocabulary, or ``token_budget < 1``.
+            the vocabulary, ``token_budget < 1`` or an unknown strategy.
     """
-    vocab = _vocab_size(critic)
-    seqs = _validate(sequences, critic.max_length, vocab)
-    results = [np.full(len(s), np.nan, dtype=np.float32) for s in seqs]
-    pad_id = getattr(critic.tokenizer, "pad_token_id", None) or 0
-    w = critic.head.weight.detach().float().reshape(-1)
-    b = critic.head.bias.detach().float().reshape(()) if critic.head.bias is not None else 0.0
-    with torch.inference_mode():
-        for idx, h, lens in iter_hidden_batches(
-            critic.backbone,
-            critic.device,
-            seqs,
-            token_budget=token_budget,
-            pad_id=pad_id,
-            stats=stats,
-            progress=progress,
-            attention_mask=attention_mask,
-        ):
-            v = (h @ w + b).cpu().numpy()  # float32 [rows, cols]
-            for r, i in enumerate(idx):
-                results[i][1:] = v[r, : lens[r]]
-    return results
+    seqs = _validate(sequences, critic.max_length, _vocab_size(critic))
+    strat = resolve_strategy(strategy, critic.device.type, getattr(critic.backbone, "config", None),
+                             attention_mask=attention_mask)
+    batches = plan_scoring(seqs, token_budget, strat)
+    out = score_plan(critic, seqs, batches, progress=progress, stats=stats, attention_mask=attention_mask)
+    if stats is not None:
+        stats["strategy"] = strat.as_dict()
+    return out
 
 
 def _vocab_size(critic: Critic) -> int | None:

@@ -21,7 +21,7 @@ import io
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -265,6 +265,7 @@ class CriticInfo:
         vocab_size: the backbone's vocabulary (``config.vocab_size``), or None when the config has none.
         files: the files the weights are read from.
         head_sha256: the hash of the float32 value head (weight, then bias; zero bias when absent).
+        config: the backbone's transformers config (scoring plans read its attention layout).
     """
 
     path: Path
@@ -274,6 +275,7 @@ class CriticInfo:
     vocab_size: int | None
     files: tuple
     head_sha256: str
+    config: Any = None
 
     def fingerprint(self, dtype: torch.dtype, device_type: str) -> dict:
         """:func:`critic_fingerprint` of this critic once loaded in ``dtype`` on a ``device_type`` device."""
@@ -300,7 +302,7 @@ def inspect_critic(
     vocab = getattr(src.config.get_text_config(), "vocab_size", None)
     return CriticInfo(path=path, format=src.format, tokenizer=tokenizer, max_length=_max_length(src, tokenizer, path),
                       vocab_size=int(vocab) if vocab else None, files=tuple(src.files),
-                      head_sha256=_head_sha256(src.head_weight, bias))
+                      head_sha256=_head_sha256(src.head_weight, bias), config=src.config)
 
 
 def _load_tokenizer_of(src, trust_remote_code: bool):

@@ -1,0 +1,220 @@
+"""Scoring plans: shared prefixes fed once (KV reuse) and padding-free packing give the values of
+scoring every sequence whole and alone; chunks of a plan give bit-identical values.
+
+A tiny random Llama critic built from a config (conftest.make_critic_dir); no GPU, no download.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import make_critic_dir
+from critic_audit.critic import load_critic, score_values, score_values_cached
+from critic_audit.critic.cache import chunk_plan
+from critic_audit.critic.infer import (
+    Strategy,
+    batch_members,
+    localize,
+    plan_scoring,
+    resolve_strategy,
+    score_plan,
+    torch_threads,
+)
+from critic_audit.errors import ConfigError
+
+ALONE = Strategy(share_prefix=False)
+
+
+@pytest.fixture(scope="module")
+def critic(tmp_path_factory):
+    with torch_threads(1):
+        yield load_critic(make_critic_dir(tmp_path_factory.mktemp("plan_critic"), seed=7), device="cpu",
+                          dtype="float32")
+
+
+def _agent_logs(seed: int = 0) -> list[np.ndarray]:
+    """G=4 rollouts of one 100-token prompt (one of them twice), a step-wise log whose rows repeat the
+    history (each row a prefix of the next, one ending exactly where the next goes on), unrelated
+    sequences, the bare prompt, a 1-token and an empty sequence."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(3, 250, 100)
+    group = [np.concatenate([prompt, rng.integers(3, 250, n)]) for n in (5, 30, 1, 60)]
+    history = np.concatenate([rng.integers(3, 250, 90), rng.integers(3, 250, 80)])
+    steps = [history[:k] for k in (40, 91, 130, 170)]
+    other = [rng.integers(3, 250, n) for n in (10, 50, 2)]
+    return group + [group[1].copy()] + steps + other + [prompt.copy(), np.array([5]), np.array([], np.int64)]
+
+
+def _alone(critic, seqs):
+    return [score_values(critic, [s], strategy=ALONE)[0] for s in seqs]
+
+
+def _close(ref, got, atol=1e-5):
+    assert [len(v) for v in got] == [len(v) for v in ref]
+    for a, b in zip(ref, got, strict=True):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+        np.testing.assert_allclose(b, a, atol=atol, equal_nan=True)
+
+
+def test_shared_prefix_equals_full_scoring(critic):
+    seqs = _agent_logs()
+    stats: dict = {}
+    got = score_values(critic, seqs, token_budget=256, strategy=Strategy(min_prefix=16), stats=stats)
+    _close(_alone(critic, seqs), got)
+    assert stats["prefix_passes"] >= 3  # the prompt; the history cut where step rows end
+    assert stats["shared_prefix_tokens"] > 300
+    assert stats["real_tokens"] == sum(max(len(s) - 1, 0) for s in seqs)
+
+
+def test_shared_prefix_counts_by_hand(critic):
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(3, 250, 100)
+    seqs = [np.concatenate([prompt, [10 + k], rng.integers(3, 250, 9)]) for k in range(3)]  # 110 tokens each
+    stats: dict = {}
+    got = score_values(critic, seqs, token_budget=4096, strategy=Strategy(min_prefix=64), stats=stats)
+    _close(_alone(critic, seqs), got)
+    # fed: 109 positions each; the 100 prompt positions once, then 3 rows of the 9 that follow
+    assert stats["batch_shapes"] == [(1, 100), (3, 9)]
+    assert stats["real_tokens"] == 327
+    assert stats["shared_prefix_tokens"] == 200
+    assert stats["computed_tokens"] == 127 and stats["padding_efficiency"] == 1.0
+    # below min_prefix nothing is shared
+    stats = {}
+    score_values(critic, seqs, token_budget=4096, strategy=Strategy(min_prefix=101), stats=stats)
+    assert stats["shared_prefix_tokens"] == 0 and stats["prefix_passes"] == 0
+
+
+def test_packed_equals_unpacked(critic):
+    rng = np.random.default_rng(2)
+    seqs = [rng.integers(3, 250, n) for n in (5, 40, 17, 1, 0, 33, 2, 60, 9, 130, 64)]
+    stats: dict = {}
+    got = score_values(critic, seqs, token_budget=256, stats=stats,
+                       strategy=Strategy(layout="packed", share_prefix=False, pack_length=64))
+    _close(_alone(critic, seqs), got)
+    rows = sum(r for r, _ in stats["batch_shapes"])
+    assert rows < sum(len(s) > 1 for s in seqs)  # some row holds several sequences
+    assert all(c <= 129 for _, c in stats["batch_shapes"])  # the 130-token sequence alone, the rest <= 64
+    assert stats["padding_efficiency"] > 0.9
+
+
+def test_packed_with_shared_prefixes(critic):
+    seqs = _agent_logs(seed=3)
+    got = score_values(critic, seqs, token_budget=300, strategy=Strategy(layout="packed", min_prefix=16,
+                                                                         pack_length=100))
+    _close(_alone(critic, seqs), got)
+
+
+def test_chunks_of_a_plan_are_bit_identical(critic):
+    seqs = _agent_logs(seed=4) + _agent_logs(seed=5)
+    strat = Strategy(min_prefix=16)
+    plan = plan_scoring(seqs, 128, strat)
+    whole = score_plan(critic, seqs, plan)
+    fed = [max(len(s) - 1, 0) for s in seqs]
+    chunks = chunk_plan(plan, fed, 60)
+    assert len(chunks) > 4 and [b for c in chunks for b in c] == plan
+    # some prefix group is split over chunks (its prefix is fed in each)
+    assert any(set(p.prefix) & set(q.prefix) for a, b in zip(chunks, chunks[1:]) for p in a for q in b)
+    for chunk in chunks:
+        members = batch_members(chunk)
+        vals = score_plan(critic, [seqs[i] for i in members], localize(chunk))
+        for i, v in zip(members, vals, strict=True):
+            np.testing.assert_array_equal(v, whole[i])
+    assert sorted(batch_members(plan)) == [i for i, n in enumerate(fed) if n > 0]
+
+
+def test_cached_with_shared_prefixes_equals_score_values(critic, tmp_path):
+    seqs = _agent_logs(seed=6)
+    strat = Strategy(min_prefix=16)
+    plain = score_values(critic, seqs, token_budget=128, strategy=strat)
+    st_: dict = {}
+    cached = score_values_cached(critic, seqs, tmp_path, token_budget=128, chunk_tokens=60, strategy=strat,
+                                 stats=st_)
+    assert st_["n_chunks"] > 2 and st_["strategy"] == strat.as_dict()
+    for a, b in zip(plain, cached, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(0, 2)), min_size=1, max_size=12),
+       st.integers(1, 40), st.integers(8, 200), st.sampled_from(["padded", "packed"]))
+def test_plan_properties(spec, min_prefix, budget, layout):
+    """Sequences built from 4 shared stems: every scored sequence in exactly one batch; every prefix span
+    common to all members of its batch, longer than min_prefix, nested root first; rows cover each
+    member's positions after the prefix exactly."""
+    rng = np.random.default_rng(0)
+    stems = [rng.integers(3, 9, 50) for _ in range(4)]
+    seqs = [np.concatenate([stems[s][:n], rng.integers(3, 9, t)]) for s, n, t in spec]
+    fed = [max(len(s) - 1, 0) for s in seqs]
+    plan = plan_scoring(seqs, budget, Strategy(layout=layout, min_prefix=min_prefix, pack_length=32))
+    members = batch_members(plan)
+    assert sorted(members) == [i for i, n in enumerate(fed) if n > 0]
+    for b in plan:
+        start = 0
+        for _, s, e in b.prefix:
+            assert s == start and e - s >= min_prefix
+            start = e
+        for row in b.rows:
+            for i, s, e in row:
+                assert s == b.prefix_length and e == fed[i]
+                for _, ps, pe in b.prefix:
+                    np.testing.assert_array_equal(seqs[i][ps:pe], seqs[b.members[0]][ps:pe])
+        if b.packed:
+            assert not b.prefix
+        elif b.prefix:
+            r, c = b.shape()
+            assert r <= 1 or r * (b.prefix_length + c) <= budget
+
+
+def test_resolve_strategy():
+    full = {"layer_types": ["full_attention"] * 2}
+    assert resolve_strategy("auto", "cpu", full).share_prefix
+    assert not resolve_strategy("auto", "cpu", {"sliding_window": 4096, "use_sliding_window": True}).share_prefix
+    assert resolve_strategy("auto", "cpu", {"sliding_window": 4096, "use_sliding_window": False}).share_prefix
+    assert not resolve_strategy("auto", "cpu", {"layer_types": ["sliding_attention", "full_attention"]}).share_prefix
+    assert not resolve_strategy("auto", "cpu", None).share_prefix  # unknown attention: no reuse
+    assert resolve_strategy("auto", "cpu", {"text_config": full}).share_prefix
+    masked = resolve_strategy(Strategy(layout="packed"), "cpu", full, attention_mask=True)
+    assert masked.layout == "padded" and not masked.share_prefix
+    assert resolve_strategy("packed", "cuda", full).layout == "packed"
+    with pytest.raises(ConfigError, match="layout"):
+        Strategy(layout="ragged")
+    with pytest.raises(ConfigError):
+        Strategy(min_prefix=0)
+
+
+def test_attention_mask_turns_sharing_off(critic):
+    seqs = _agent_logs(seed=8)[:4]
+    stats: dict = {}
+    got = score_values(critic, seqs, attention_mask=True, stats=stats)
+    assert stats["strategy"]["share_prefix"] is False and stats["shared_prefix_tokens"] == 0
+    _close(_alone(critic, seqs), got, atol=1e-4)
+
+
+def test_prefix_cache_is_not_mutated_by_batches(critic):
+    """Two batches under one prefix: the second sees the prefix's cache, not the first's rows."""
+    rng = np.random.default_rng(9)
+    prompt = rng.integers(3, 250, 80)
+    seqs = [np.concatenate([prompt, [20 + k], rng.integers(3, 250, 30)]) for k in range(4)]
+    stats: dict = {}
+    got = score_values(critic, seqs, token_budget=2 * 112, strategy=Strategy(min_prefix=16), stats=stats)
+    assert stats["n_batches"] == 2 and stats["prefix_passes"] == 1
+    _close(_alone(critic, seqs), got)
+
+
+def test_distributed_with_shared_prefixes_equals_score_values(critic, tmp_path):
+    """Chunks of a plan with shared prefixes, scored by two worker processes: bit-identical values."""
+    from critic_audit.critic.distributed import CriticSpec, score_values_distributed
+
+    seqs = _agent_logs(seed=10) + _agent_logs(seed=11)
+    strat = Strategy(min_prefix=16)
+    plain = score_values(critic, seqs, token_budget=128, strategy=strat)
+    st_: dict = {}
+    spec = CriticSpec(str(critic.path), device="cpu", dtype="float32")
+    vals = score_values_distributed(spec, seqs, tmp_path / "cache", workers=2, threads=1, token_budget=128,
+                                    chunk_tokens=60, strategy=strat, stats=st_)
+    assert st_["n_chunks"] > 3 and st_["shared_prefix_tokens"] > 0 and st_["strategy"] == strat.as_dict()
+    for a, b in zip(plain, vals, strict=True):
+        np.testing.assert_array_equal(a, b)
