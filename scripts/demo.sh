@@ -15,7 +15,7 @@ critic-audit build-critic --backbone smollm2-135m --head sample_data/critic/smol
   --out .cache/critic-smollm2 --overwrite
 echo "== 1/2: the shipped SmolLM2 critic on real rollouts =="
 critic-audit analyze sample_data/tau_bench_airline sample_data/fireact_hotpotqa \
-  --critic .cache/critic-smollm2 --dtype bfloat16 --out audit_out "$@"
+  --critic .cache/critic-smollm2 --out audit_out "$@"   # float32: bf16 shifts eta2 (docs/critics.md)
 echo "== 2/2: our PPO run's critics, by checkpoint (values shipped in sample_data/credit_ppo_run) =="
 critic-audit analyze sample_data/credit_ppo_run/rollouts --out audit_trained
 echo "Reports: audit_out/report.html (weak critic) and audit_trained/report.html (trained critics by checkpoint)."
