@@ -75,45 +75,37 @@ def sequence_hashes(sequences: Sequence[np.ndarray]) -> list[str]:
     return [hashlib.sha256(np.ascontiguousarray(s, dtype=np.int64).tobytes()).hexdigest()[:24] for s in sequences]
 
 
-def plan_chunks(lengths: Sequence[int], token_budget: int, chunk_tokens: int) -> list[list[list[int]]]:
-    """The batches of :func:`plan_batches` grouped, in order, into chunks of at least one batch and
-    about ``chunk_tokens`` scored positions."""
+def _group_in_order(items: Sequence[Any], size_of: Any, chunk_tokens: int) -> list[list[Any]]:
+    """``items`` grouped, in order, into chunks of at least one item and about ``chunk_tokens``
+    positions (``size_of(item)``)."""
     if chunk_tokens < 1:
         raise ConfigError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    chunks: list[list[list[int]]] = []
-    cur: list[list[int]] = []
+    chunks: list[list[Any]] = []
+    cur: list[Any] = []
     n = 0
-    for b in plan_batches(lengths, token_budget):
-        size = sum(lengths[i] for i in b)
+    for item in items:
+        size = size_of(item)
         if cur and n + size > chunk_tokens:
             chunks.append(cur)
             cur, n = [], 0
-        cur.append(b)
+        cur.append(item)
         n += size
     if cur:
         chunks.append(cur)
     return chunks
+
+
+def plan_chunks(lengths: Sequence[int], token_budget: int, chunk_tokens: int) -> list[list[list[int]]]:
+    """The batches of :func:`plan_batches` grouped, in order, into chunks of at least one batch and
+    about ``chunk_tokens`` scored positions."""
+    return _group_in_order(plan_batches(lengths, token_budget), lambda b: sum(lengths[i] for i in b), chunk_tokens)
 
 
 def chunk_plan(batches: Sequence[ScoreBatch], lengths: Sequence[int], chunk_tokens: int) -> list[list[ScoreBatch]]:
     """The batches of a scoring plan (:func:`~critic_audit.critic.infer.plan_scoring`) grouped, in
     order, into chunks of at least one batch and about ``chunk_tokens`` scored positions (``lengths``:
     scored positions per sequence)."""
-    if chunk_tokens < 1:
-        raise ConfigError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    chunks: list[list[ScoreBatch]] = []
-    cur: list[ScoreBatch] = []
-    n = 0
-    for b in batches:
-        size = sum(lengths[i] for i in b.members)
-        if cur and n + size > chunk_tokens:
-            chunks.append(cur)
-            cur, n = [], 0
-        cur.append(b)
-        n += size
-    if cur:
-        chunks.append(cur)
-    return chunks
+    return _group_in_order(batches, lambda b: sum(lengths[i] for i in b.members), chunk_tokens)
 
 
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
