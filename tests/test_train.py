@@ -250,6 +250,8 @@ def test_run_audits_its_critic_by_checkpoint(tmp_path):
     # step 1 (the initial critic), every checkpoint (step 2), the last step
     assert [r["step"] for r in recs] == [1, 2, 3] and [r["critic"] for r in recs] == ["step_0", "step_1", "step_2"]
     assert (run / "training.png").stat().st_size > 0
+    # numba's parallel decompose must not leave the 1-thread trainer with more torch threads
+    assert torch.get_num_threads() == 1
     # the record is analyze's audit of the same rollouts (the values the critic gave them)
     roll = run / "rollouts" / "step_000003"
     res = audit(pl.read_parquet(roll / "trajectories.parquet"), pl.read_parquet(roll / "tokens.parquet"),

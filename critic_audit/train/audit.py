@@ -57,7 +57,17 @@ def audit_rollouts(trajectories: pl.DataFrame, tokens: pl.DataFrame, *, n_boot: 
         an estimate is None where no trajectory could be audited (all excluded, e.g. single-turn or a
         flat critic), and so is an interval over fewer than 2 trajectories.
     """
-    res = audit(trajectories, tokens, AuditConfig(n_boot=n_boot, seed=seed))
+    import torch
+
+    # numba's parallel kernel (decompose) starts an OpenMP pool that resets torch's intra-op thread count
+    # in this process; a 1-thread trainer would go on with several spinning threads (15x the CPU per
+    # step on a shared machine, measured), so the count is restored
+    threads = torch.get_num_threads()
+    try:
+        res = audit(trajectories, tokens, AuditConfig(n_boot=n_boot, seed=seed))
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
     s = res.summary
     q = s.get("critic_quality") or {}
     out: dict[str, Any] = {
