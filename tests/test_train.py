@@ -36,7 +36,9 @@ def params(model) -> torch.Tensor:
 
 @pytest.mark.parametrize("algo", ["mpo", "grpo", "ppo", "sao", "vapo", "gspo", "dapo", "dr_grpo", "vc_ppo"])
 def test_iterations_change_parameters_and_log_metrics(tmp_path, algo):
-    cfg = load_config(None, TINY + ["steps=2", f"algo.name={algo}", "rollout.prompts_per_step=4", "rollout.group_size=4"])
+    # VC-PPO and VAPO train only their critic for their first 10 steps by default
+    cfg = load_config(None, TINY + ["steps=2", f"algo.name={algo}", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                                    "optim.value_warmup_steps=0"])
     seen = []
     tr = Trainer(cfg, tmp_path / "run", on_metrics=seen.append)
     before = params(tr.policy)
