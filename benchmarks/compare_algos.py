@@ -280,8 +280,8 @@ def tables(summary: dict, window: int, threshold: float, reference: str) -> str:
                       f"{_f(r.get('final_diff_vs_ref'))} | {r['seconds_per_run']:.0f} |")
         aud = [r for r in rows if r.get("audit")]
         if aud:
-            md += ["", "Critic audit on the run's own rollouts (mean over seeds; first = step 1's critic after "
-                   "its first audited update with non-flat values, last = the final step's):", "",
+            md += ["", "Critic audit on the run's own rollouts (mean over seeds; first = the first audit whose critic is "
+                   "not flat, usually step 10-20; last = the final step's):", "",
                    "| variant | median eta2 first -> last | frac SS_B > SS_W last | explained variance first -> last "
                    "| corr(mean V, R) last |", "|---|---|---|---|---|"]
             for r in aud:

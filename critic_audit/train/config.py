@@ -266,8 +266,8 @@ class TrainConfig:
     seed: int = 0
     """Seeds model initialisation, sampling, shuffling and the environment seeds."""
     steps: int = 200
-    """Training steps (one rollout batch each). 200 steps of the default credit task take 5-10 minutes
-    on one CPU core (docs/train.md)."""
+    """Training steps (one rollout batch each). 200 steps of the default credit task cost 80-140
+    CPU-seconds on one thread (docs/train.md)."""
     device: str = "auto"
     """``auto`` (cuda if available), ``cpu``, ``cuda``, ``cuda:N``."""
     dtype: str = "auto"
