@@ -98,7 +98,6 @@ def run_one(args: tuple[str, str, int, int, str]) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from critic_audit.rl.diagnostics import turn_ratio_metrics  # noqa: F401  (import check)
     from critic_audit.train import Trainer, load_config
     from critic_audit.train.audit import read_critic_audit
 
