@@ -1,19 +1,38 @@
-"""MPO against GRPO, GSPO, PPO, VAPO and SAO, plus two MPO ablations, on the synthetic credit-assignment
-environment (``critic_audit.train.envs.credit``), with an equal budget of environment steps.
+"""MPO against GRPO, Dr.GRPO, DAPO, GSPO, PPO, VC-PPO, VAPO and SAO, plus MPO's ablations, at equal
+environment steps on the synthetic credit-assignment environment (``critic_audit.train.envs.credit``).
 
-Every run: the same tiny Llama (2 layers, hidden 64, trained from scratch), the same environment
-settings, the same number of training steps and episodes per step (``--episodes``; group methods and
-MPO sample ``--episodes / G`` prompts G times, PPO/VAPO/SAO ``--episodes`` prompts once), so every run
-takes the same number of environment steps (assistant turns). Ablations: ``mpo_token_ratio`` (MAE
-advantages with PPO's token ratio instead of the turn ratio) and ``mpo_beta0`` (beta = 0: one advantage
-per turn).
+Every run uses the trainer's documented defaults (``critic-audit train --algo NAME``: tiny Llama, lr 1e-3,
+16 episodes per step = ``episodes_per_step // G`` prompts x G, 200 steps); only the task (``--task``) and
+the seed change. Variants: the nine algorithms with their own defaults, ``mpo_token_ratio`` (MAE
+advantages with PPO's token ratio, the paper's ablation), ``mpo_beta0`` (beta = 0: no intra-turn
+refinement), ``mpo_geomean`` (geometric-mean turn ratio) and the diagnostics ``mpo_g1`` (G = 1) and
+``mpo_nowhiten``.
 
-Writes ``OUT/results.json`` (per run: the success-rate and reward curves), ``OUT/table.md`` (final success
-rate = mean of the last ``--final-window`` steps, mean +- standard error over seeds; area under the
-success-rate learning curve = mean success over all steps; final reward; seconds per run) and
-``OUT/curves.png``. One thread per run; ``--workers`` runs in parallel.
+Tasks (``--task``):
 
-    python benchmarks/compare_algos.py --seeds 5 --steps 60 --workers 2 --out compare_algos_out
+- ``credit``: the default task (2 decisions, 2 cues, 2 choices; 2-token decision turns, a 12-token
+  report turn, 12-token tool outputs).
+- ``hard``: credit matters more: 4 decisions, 4 cues, 24-token tool outputs, a 32-token report turn.
+- ``disparity``: 4-token decision turns beside 600-token tool outputs and a report turn of up to 128
+  tokens (the policy ends its turns itself, so report turns are as long as it makes them); MPO's ``length_buckets`` are (1, 8, 32, 128, 512) so the turn-ratio clip fraction and the
+  variance of log rho_k are reported per turn length for the product and the geometric-mean ratio.
+
+Each run is one job writing ``OUT/runs/TASK__VARIANT__sSEED.json`` (curves, the critic's audit by
+checkpoint from the run's ``critic_audit.jsonl``, the turn-ratio statistics); finished jobs are skipped,
+so an interrupted benchmark resumes. ``--report`` (or the end of a run) aggregates whatever has finished
+into ``OUT/table.md``, ``OUT/summary.json``, ``OUT/curves_TASK.png`` and ``OUT/audit_TASK.png``:
+
+- final success = mean success over the last ``--final-window`` steps (default 20), mean over seeds
+  with a 95% t-interval;
+- AUC = mean success over all steps (area under the success curve per environment step; every variant
+  takes the same environment steps);
+- steps-to-threshold: the first step whose trailing 10-step mean success reaches ``--threshold`` (0.8),
+  median over the seeds that reached it, and how many did;
+- ratios against ``--reference`` (default mpo), measured in this run: AUC and final success of each
+  variant over the reference's, paired by seed, with a 95% bootstrap interval over seeds.
+
+    python benchmarks/compare_algos.py --task credit --seeds 10 --workers 2 --out compare_algos_out
+    python benchmarks/compare_algos.py --report --out compare_algos_out
 """
 
 from __future__ import annotations
@@ -21,6 +40,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import random
+import shutil
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -29,140 +51,376 @@ from pathlib import Path
 VARIANTS: dict[str, list[str]] = {
     "mpo": ["algo.name=mpo"],
     "grpo": ["algo.name=grpo"],
+    "dr_grpo": ["algo.name=dr_grpo"],
+    "dapo": ["algo.name=dapo"],
     "gspo": ["algo.name=gspo"],
     "ppo": ["algo.name=ppo"],
+    "vc_ppo": ["algo.name=vc_ppo"],
     "vapo": ["algo.name=vapo"],
     "sao": ["algo.name=sao"],
     "mpo_token_ratio": ["algo.name=mpo", 'algo.policy_loss="ppo"'],
     "mpo_beta0": ["algo.name=mpo", "algo.advantage={beta=0.0}"],
+    "mpo_geomean": ["algo.name=mpo", 'algo.loss={mode="geomean"}'],
+    "mpo_g1": ["algo.name=mpo", "rollout.group_size=1"],
+    "mpo_nowhiten": ["algo.name=mpo", "algo.advantage={whiten=false}"],
 }
-GROUP = {"mpo": 4, "grpo": 4, "gspo": 4, "mpo_token_ratio": 4, "mpo_beta0": 4, "ppo": 1, "vapo": 1, "sao": 1}
+DEFAULT_VARIANTS = "mpo,grpo,dr_grpo,dapo,gspo,ppo,vc_ppo,vapo,sao,mpo_token_ratio,mpo_beta0"
 
-ENV = ("env.kwargs={num_decisions=2, num_choices=2, num_cues=2, decision_tokens=2, report_tokens=12, "
-       "observation_tokens=12, reward=\"fraction\", format_bonus=0.1}")
+TASKS: dict[str, list[str]] = {
+    "credit": [],  # the environment's defaults
+    "hard": ["env.kwargs={num_decisions=4, num_cues=4, observation_tokens=24, report_tokens=32}",
+             "env.max_new_tokens=32"],
+    "disparity": ["env.kwargs={decision_tokens=4, observation_tokens=600, report_tokens=128}",
+                  "env.max_new_tokens=128", "env.max_context=8192"],
+}
+DISPARITY_BUCKETS = (1, 8, 32, 128, 512)
 
 
-def run_one(args: tuple[str, int, int, int, float]) -> dict:
+def job_path(out: Path, task: str, variant: str, seed: int) -> Path:
+    return out / "runs" / f"{task}__{variant}__s{seed}.json"
+
+
+def overrides(task: str, variant: str, seed: int, steps: int) -> list[str]:
+    over = [*TASKS[task], f"seed={seed}", f"steps={steps}", "log.rollouts_every=0", f"log.save_every={steps}",
+            "log.keep_checkpoints=1", "log.audit_every=20", *VARIANTS[variant]]
+    if task == "disparity":
+        # MPO's loss reports the bucketed statistics itself; the trainer's batch-level ones use the
+        # loss config's buckets too when it has them
+        mode = "geomean" if variant == "mpo_geomean" else "product"
+        if variant.startswith("mpo") and variant != "mpo_token_ratio":
+            over = [o for o in over if not o.startswith("algo.loss=")]
+            over.append(f'algo.loss={{mode="{mode}", length_buckets={list(DISPARITY_BUCKETS)}}}')
+    return over
+
+
+def run_one(args: tuple[str, str, int, int, str]) -> dict:
+    """One training run with one torch thread; writes its job file and returns its record."""
     import torch
 
     torch.set_num_threads(1)
     from critic_audit.train import Trainer, load_config
+    from critic_audit.train.audit import read_critic_audit
 
-    variant, seed, steps, episodes, lr = args
-    g = GROUP[variant]
-    over = [ENV, f"seed={seed}", f"steps={steps}", f"rollout.group_size={g}",
-            f"rollout.prompts_per_step={episodes // g}", f"optim.lr={lr}", f"optim.critic_lr={lr}",
-            "log.rollouts_every=0", f"log.save_every={steps}", "log.keep_checkpoints=1", "env.max_new_tokens=12",
-            *VARIANTS[variant]]
-    cfg = load_config(None, over)
+    task, variant, seed, steps, out = args
+    path = job_path(Path(out), task, variant, seed)
+    cfg = load_config(None, overrides(task, variant, seed, steps))
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as d:
-        rows = Trainer(cfg, Path(d) / "run").train()
-    return {
-        "variant": variant, "seed": seed, "seconds": time.perf_counter() - t0,
+    work = Path(tempfile.mkdtemp(prefix=f"{task}-{variant}-{seed}-"))
+    try:
+        rows = Trainer(cfg, work / "run").train()
+        audits = read_critic_audit(work / "run")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    keep = ("actor/turn_ratio/", "actor/pg_clipfrac", "actor/turn_clipfrac", "critic/explained_variance",
+            "rollout/response_tokens_mean")
+    rec = {
+        "task": task, "variant": variant, "seed": seed, "steps": steps, "seconds": time.perf_counter() - t0,
         "success": [r["rollout/success_rate"] for r in rows], "reward": [r["rollout/reward_mean"] for r in rows],
         "env_steps": [r["env_steps"] for r in rows],
-        "explained_variance": [r.get("critic/explained_variance") for r in rows],
-        "turn_clipfrac": [r.get("actor/turn_ratio/product/clipfrac") for r in rows],
+        "metrics": [{k: v for k, v in r.items() if k.startswith(keep)} for r in rows],
+        "critic_audit": audits,
     }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rec))
+    os.replace(tmp, path)
+    return rec
 
 
-def mean_se(xs: list[float]) -> tuple[float, float]:
+# ----------------------------------------------------------------------------------------------
+# statistics
+# ----------------------------------------------------------------------------------------------
+
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 24: 2.064, 29: 2.045}
+
+
+def t975(df: int) -> float:
+    """Student t 0.975 quantile (table; 1.96 beyond 29 degrees of freedom)."""
+    if df in _T975:
+        return _T975[df]
+    below = [k for k in _T975 if k <= df]
+    return _T975[max(below)] if df < 30 else 1.96
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval over seeds; the interval is NaN with one seed."""
     n = len(xs)
     m = sum(xs) / n
     if n < 2:
-        return m, math.nan
-    var = sum((x - m) ** 2 for x in xs) / (n - 1)
-    return m, math.sqrt(var / n)
+        return m, math.nan, math.nan
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    h = t975(n - 1) * sd / math.sqrt(n)
+    return m, m - h, m + h
 
 
-def summarize(results: list[dict], window: int) -> list[dict]:
-    out = []
-    for v in VARIANTS:
-        rs = [r for r in results if r["variant"] == v]
-        if not rs:
+def ratio_ci(num: list[float], den: list[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """mean(num) / mean(den) over paired seeds, with a 95% percentile bootstrap over seeds."""
+    n = len(num)
+    est = sum(num) / max(sum(den), 1e-12)
+    if n < 2:
+        return est, math.nan, math.nan
+    rng = random.Random(seed)
+    boots = []
+    for _ in range(n_boot):
+        idx = [rng.randrange(n) for _ in range(n)]
+        d = sum(den[i] for i in idx)
+        if d > 1e-12:
+            boots.append(sum(num[i] for i in idx) / d)
+    boots.sort()
+    if not boots:
+        return est, math.nan, math.nan
+    return est, boots[int(0.025 * len(boots))], boots[min(len(boots) - 1, int(0.975 * len(boots)))]
+
+
+def trailing(xs: list[float], k: int) -> list[float]:
+    return [sum(xs[max(0, i - k + 1): i + 1]) / len(xs[max(0, i - k + 1): i + 1]) for i in range(len(xs))]
+
+
+def steps_to(xs: list[float], threshold: float, k: int = 10) -> int | None:
+    for i, v in enumerate(trailing(xs, k)):
+        if i + 1 >= k and v >= threshold:
+            return i + 1
+    return None
+
+
+def _nanmean(xs: list) -> float | None:
+    vals = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _audit_at(r: dict, key: str, which: str) -> float | None:
+    rows = [a for a in r.get("critic_audit", []) if (a.get(key) if not isinstance(a.get(key), dict)
+                                                   else a[key].get("estimate")) is not None]
+    if not rows:
+        return None
+    a = rows[0] if which == "first" else rows[-1]
+    v = a[key]
+    return v["estimate"] if isinstance(v, dict) else v
+
+
+def summarize(results: list[dict], window: int, threshold: float, reference: str) -> dict:
+    out: dict = {}
+    for task in TASKS:
+        rt = [r for r in results if r["task"] == task]
+        if not rt:
             continue
-        final = [sum(r["success"][-window:]) / len(r["success"][-window:]) for r in rs]
-        auc = [sum(r["success"]) / len(r["success"]) for r in rs]
-        frew = [sum(r["reward"][-window:]) / len(r["reward"][-window:]) for r in rs]
-        secs = [r["seconds"] for r in rs]
-        out.append({"variant": v, "seeds": len(rs), "final_success": mean_se(final), "auc_success": mean_se(auc),
-                    "final_reward": mean_se(frew), "seconds_per_run": sum(secs) / len(secs),
-                    "env_steps": rs[0]["env_steps"][-1]})
+        ref = {r["seed"]: r for r in rt if r["variant"] == reference}
+        rows = []
+        for v in VARIANTS:
+            rs = sorted((r for r in rt if r["variant"] == v), key=lambda r: r["seed"])
+            if not rs:
+                continue
+            final = [sum(r["success"][-window:]) / len(r["success"][-window:]) for r in rs]
+            auc = [sum(r["success"]) / len(r["success"]) for r in rs]
+            reached = [steps_to(r["success"], threshold) for r in rs]
+            hit = sorted(x for x in reached if x is not None)
+            row = {
+                "variant": v, "seeds": [r["seed"] for r in rs], "n": len(rs),
+                "final_success": mean_ci(final), "auc_success": mean_ci(auc),
+                "final_reward": mean_ci([sum(r["reward"][-window:]) / len(r["reward"][-window:]) for r in rs]),
+                "steps_to_threshold_median": hit[len(hit) // 2] if hit else None, "reached": len(hit),
+                "env_steps": rs[0]["env_steps"][-1], "seconds_per_run": sum(r["seconds"] for r in rs) / len(rs),
+                "frac_seeds_final_ge_threshold": sum(f >= threshold for f in final) / len(final),
+            }
+            paired = [r for r in rs if r["seed"] in ref]
+            if v != reference and len(paired) >= 2:
+                row["auc_ratio_vs_ref"] = ratio_ci([sum(r["success"]) for r in paired],
+                                                   [sum(ref[r["seed"]]["success"]) for r in paired])
+                row["final_ratio_vs_ref"] = ratio_ci([sum(r["success"][-window:]) for r in paired],
+                                                     [sum(ref[r["seed"]]["success"][-window:]) for r in paired])
+                row["final_diff_vs_ref"] = mean_ci([sum(r["success"][-window:]) / window
+                                                    - sum(ref[r["seed"]]["success"][-window:]) / window
+                                                    for r in paired])
+            if any(r.get("critic_audit") for r in rs):
+                row["audit"] = {
+                    f"{key}_{which}": _nanmean([_audit_at(r, key, which) for r in rs])
+                    for key in ("eta2_median", "frac_ss_between_gt_within", "explained_variance",
+                                "corr_mean_value_reward") for which in ("first", "last")
+                }
+                row["audit"]["steps"] = [a["step"] for a in rs[0]["critic_audit"]]
+            ratio = {}
+            for mode in ("product", "geomean"):
+                for stat in ("clipfrac", "log_rho_var"):
+                    keys = sorted({k for r in rs for m in r["metrics"] for k in m
+                                   if k.startswith(f"actor/turn_ratio/{mode}/{stat}/")})
+                    for k in keys:
+                        ratio[k.removeprefix("actor/turn_ratio/")] = _nanmean(
+                            [m.get(k) for r in rs for m in r["metrics"]])
+            counts = sorted({k for r in rs for m in r["metrics"] for k in m if k.startswith("actor/turn_ratio/turn_count/")})
+            for k in counts:
+                ratio[k.removeprefix("actor/turn_ratio/")] = _nanmean([m.get(k) for r in rs for m in r["metrics"]])
+            row["turn_ratio"] = ratio
+            rows.append(row)
+        out[task] = rows
     return out
 
 
-def table(summary: list[dict], window: int) -> str:
-    lines = [f"| variant | seeds | final success (last {window} steps) | AUC success | final reward | env steps | s/run |",
-             "|---|---|---|---|---|---|---|"]
-    for s in summary:
-        f, a, r = s["final_success"], s["auc_success"], s["final_reward"]
-        lines.append(f"| {s['variant']} | {s['seeds']} | {f[0]:.3f} +- {f[1]:.3f} | {a[0]:.3f} +- {a[1]:.3f} | "
-                     f"{r[0]:.3f} +- {r[1]:.3f} | {s['env_steps']} | {s['seconds_per_run']:.0f} |")
-    return "\n".join(lines) + "\n"
+def _f(x: tuple | float | None, spec: str = ".3f") -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, (tuple, list)):
+        m, lo, hi = x
+        return f"{m:{spec}}" if math.isnan(lo) else f"{m:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+    return f"{x:{spec}}"
 
 
-def plot(results: list[dict], path: Path) -> None:
+def tables(summary: dict, window: int, threshold: float, reference: str) -> str:
+    md = []
+    for task, rows in summary.items():
+        md += [f"### task `{task}`", "",
+               f"| variant | seeds | final success (last {window}) | AUC success | steps to {threshold} (reached) "
+               f"| final / {reference} | AUC / {reference} | final - {reference} | s/run |",
+               "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            stt = f"{r['steps_to_threshold_median']} ({r['reached']}/{r['n']})" if r["reached"] else f"- (0/{r['n']})"
+            md.append(f"| {r['variant']} | {r['n']} | {_f(r['final_success'])} | {_f(r['auc_success'])} | {stt} | "
+                      f"{_f(r.get('final_ratio_vs_ref'), '.2f')} | {_f(r.get('auc_ratio_vs_ref'), '.2f')} | "
+                      f"{_f(r.get('final_diff_vs_ref'))} | {r['seconds_per_run']:.0f} |")
+        aud = [r for r in rows if r.get("audit")]
+        if aud:
+            md += ["", "Critic audit on the run's own rollouts (mean over seeds; first = the first audit whose critic is "
+                   "not flat, usually step 10-20; last = the final step's):", "",
+                   "| variant | median eta2 first -> last | frac SS_B > SS_W last | explained variance first -> last "
+                   "| corr(mean V, R) last |", "|---|---|---|---|---|"]
+            for r in aud:
+                a = r["audit"]
+                md.append(f"| {r['variant']} | {_f(a['eta2_median_first'])} -> {_f(a['eta2_median_last'])} | "
+                          f"{_f(a['frac_ss_between_gt_within_last'])} | {_f(a['explained_variance_first'])} -> "
+                          f"{_f(a['explained_variance_last'])} | {_f(a['corr_mean_value_reward_last'])} |")
+        tr = [r for r in rows if r.get("turn_ratio")]
+        buckets = sorted({k.split("/", 2)[2] for r in tr for k in r["turn_ratio"] if k.startswith("product/clipfrac/")},
+                         key=lambda b: int(b[1:].split(",")[0]))
+        if tr and buckets:
+            md += ["", "Turn-ratio statistics by turn length (mean over steps and seeds; turns per step; clip "
+                   "fraction of turns outside [1 - eps_low, 1 + eps_high]; variance of log rho_k):", "",
+                   "| variant | bucket (tokens) | turns/step | product clip | geomean clip | product var log rho "
+                   "| geomean var log rho |", "|---|---|---|---|---|---|---|"]
+            for r in tr:
+                t = r["turn_ratio"]
+                for b in buckets:
+                    if not t.get(f"turn_count/{b}"):
+                        continue
+                    md.append(f"| {r['variant']} | {b} | {_f(t.get(f'turn_count/{b}'), '.1f')} | "
+                              f"{_f(t.get(f'product/clipfrac/{b}'))} | {_f(t.get(f'geomean/clipfrac/{b}'))} | "
+                              f"{_f(t.get(f'product/log_rho_var/{b}'), '.2e')} | "
+                              f"{_f(t.get(f'geomean/log_rho_var/{b}'), '.2e')} |")
+        md.append("")
+    return "\n".join(md) + "\n"
+
+
+def plot(results: list[dict], out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for v in VARIANTS:
-        rs = [r for r in results if r["variant"] == v]
-        if not rs:
+    written = []
+    for task in TASKS:
+        rt = [r for r in results if r["task"] == task]
+        if not rt:
             continue
-        n = min(len(r["success"]) for r in rs)
-        xs = rs[0]["env_steps"][:n]
-        ms, ses = zip(*(mean_se([r["success"][i] for r in rs]) for i in range(n)))
-        k = 5  # moving average over steps, for readability
-        sm = [sum(ms[max(0, i - k + 1): i + 1]) / len(ms[max(0, i - k + 1): i + 1]) for i in range(n)]
-        se = [sum(ses[max(0, i - k + 1): i + 1]) / len(ses[max(0, i - k + 1): i + 1]) for i in range(n)]
-        style = "--" if v.startswith("mpo_") else "-"
-        ax.plot(xs, sm, style, label=v, lw=2 if v == "mpo" else 1.2)
-        if not any(math.isnan(x) for x in se):
-            ax.fill_between(xs, [a - b for a, b in zip(sm, se)], [a + b for a, b in zip(sm, se)], alpha=0.12)
-    ax.set_xlabel("environment steps (assistant turns)")
-    ax.set_ylabel("success rate (5-step moving average)")
-    ax.set_title("credit-assignment env: mean over seeds +- s.e.")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        for i, v in enumerate(VARIANTS):
+            rs = [r for r in rt if r["variant"] == v]
+            if not rs:
+                continue
+            n = min(len(r["success"]) for r in rs)
+            xs = rs[0]["env_steps"][:n]
+            sm = [trailing(r["success"][:n], 10) for r in rs]
+            stats = [mean_ci([s[t] for s in sm]) for t in range(n)]
+            style = "--" if v.startswith("mpo_") else "-"
+            ax.plot(xs, [s[0] for s in stats], style, color=f"C{i % 10}", lw=2.2 if v == "mpo" else 1.2,
+                    label=f"{v} (n={len(rs)})")
+            if len(rs) > 1:
+                ax.fill_between(xs, [s[1] for s in stats], [s[2] for s in stats], color=f"C{i % 10}", alpha=0.08)
+        ax.set_xlabel("environment steps (assistant turns)")
+        ax.set_ylabel("success rate (10-step trailing mean)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"credit task '{task}': mean over seeds, 95% t-interval")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        p = out / f"curves_{task}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+        crit = [v for v in VARIANTS if any(r["variant"] == v and r.get("critic_audit") for r in rt)]
+        if crit:
+            fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+            for i, v in enumerate(VARIANTS):
+                if v not in crit:
+                    continue
+                rs = [r for r in rt if r["variant"] == v and r.get("critic_audit")]
+                steps = sorted({a["step"] for r in rs for a in r["critic_audit"]})
+                for ax, key in zip(axes, ("eta2_median", "explained_variance")):
+                    ys = [_nanmean([next(((a[key]["estimate"] if isinstance(a[key], dict) else a[key])
+                                          for a in r["critic_audit"] if a["step"] == s), None) for r in rs])
+                          for s in steps]
+                    ax.plot(steps, [math.nan if y is None else y for y in ys], "o-" if v == "mpo" else ".-",
+                            color=f"C{i % 10}", ms=3, label=v)
+            axes[0].set_title("median eta2 of the run's critic (mean over seeds)")
+            axes[1].set_title("explained variance of the run's critic")
+            for ax in axes:
+                ax.set_xlabel("training step")
+                ax.legend(fontsize=7)
+            axes[1].set_ylim(-0.5, 1.02)
+            fig.tight_layout()
+            p = out / f"audit_{task}.png"
+            fig.savefig(p, dpi=110)
+            plt.close(fig)
+            written.append(p)
+    return written
+
+
+def load_results(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))] if (out / "runs").exists() else []
+
+
+def report(out: Path, window: int, threshold: float, reference: str) -> str:
+    results = load_results(out)
+    if not results:
+        raise SystemExit(f"no finished runs under {out}/runs")
+    summary = summarize(results, window, threshold, reference)
+    md = tables(summary, window, threshold, reference)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "table.md").write_text(md)
+    plot(results, out)
+    return md
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--episodes", type=int, default=16, help="episodes per training step (all variants)")
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--task", default="credit", help=f"comma-separated: {', '.join(TASKS)}")
+    ap.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (with --seed-offset)")
+    ap.add_argument("--seed-offset", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--final-window", type=int, default=10)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--final-window", type=int, default=20)
+    ap.add_argument("--threshold", type=float, default=0.8)
+    ap.add_argument("--reference", default="mpo")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, known: {', '.join(VARIANTS)}")
+    ap.add_argument("--report", action="store_true", help="only aggregate the finished runs")
     ap.add_argument("--out", type=Path, default=Path("compare_algos_out"))
     a = ap.parse_args()
-    variants = [v for v in a.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
-    jobs = [(v, s, a.steps, a.episodes, a.lr) for s in range(a.seeds) for v in variants]
-    a.out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    results = []
-    with ProcessPoolExecutor(max_workers=a.workers) as pool:
-        for r in pool.map(run_one, jobs):
-            results.append(r)
-            print(f"{r['variant']:>16} seed {r['seed']}: final success {sum(r['success'][-a.final_window:]) / a.final_window:.3f}"
-                  f" ({r['seconds']:.0f} s)", flush=True)
-            (a.out / "results.json").write_text(json.dumps(results))
-    summary = summarize(results, a.final_window)
-    md = table(summary, a.final_window)
-    (a.out / "table.md").write_text(md + f"\ntotal wall time {time.perf_counter() - t0:.0f} s, workers {a.workers}\n")
-    plot(results, a.out / "curves.png")
-    print(md)
-    print(f"wrote {a.out}/table.md, results.json, curves.png")
+    if not a.report:
+        tasks = [t for t in a.task.split(",") if t]
+        variants = [v for v in a.variants.split(",") if v]
+        bad = [v for v in variants if v not in VARIANTS] + [t for t in tasks if t not in TASKS]
+        if bad:
+            raise SystemExit(f"unknown variant(s)/task(s) {bad}; variants: {', '.join(VARIANTS)}; tasks: {', '.join(TASKS)}")
+        jobs = [(t, v, s, a.steps, str(a.out)) for t in tasks
+                for s in range(a.seed_offset, a.seed_offset + a.seeds) for v in variants
+                if not job_path(a.out, t, v, s).exists()]
+        print(f"{len(jobs)} run(s) to do, {a.workers} worker(s)", flush=True)
+        t0 = time.perf_counter()
+        with ProcessPoolExecutor(max_workers=a.workers) as pool:
+            for r in pool.map(run_one, jobs):
+                f = sum(r["success"][-a.final_window:]) / len(r["success"][-a.final_window:])
+                print(f"{r['task']:>9} {r['variant']:>16} seed {r['seed']}: final success {f:.3f} "
+                      f"({r['seconds']:.0f} s)", flush=True)
+        print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
+    print(report(a.out, a.final_window, a.threshold, a.reference))
+    print(f"wrote {a.out}/table.md, summary.json, curves_*.png, audit_*.png")
 
 
 if __name__ == "__main__":

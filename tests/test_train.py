@@ -36,7 +36,9 @@ def params(model) -> torch.Tensor:
 
 @pytest.mark.parametrize("algo", ["mpo", "grpo", "ppo", "sao", "vapo", "gspo", "dapo", "dr_grpo", "vc_ppo"])
 def test_iterations_change_parameters_and_log_metrics(tmp_path, algo):
-    cfg = load_config(None, TINY + ["steps=2", f"algo.name={algo}", "rollout.prompts_per_step=4", "rollout.group_size=4"])
+    # VC-PPO and VAPO train only their critic for their first 10 steps by default
+    cfg = load_config(None, TINY + ["steps=2", f"algo.name={algo}", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                                    "optim.value_warmup_steps=0"])
     seen = []
     tr = Trainer(cfg, tmp_path / "run", on_metrics=seen.append)
     before = params(tr.policy)
@@ -237,3 +239,63 @@ def test_existing_run_folder_needs_resume(tmp_path):
     Trainer(cfg, tmp_path / "run").train()
     with pytest.raises(ConfigError, match="already holds a run"):
         Trainer(cfg, tmp_path / "run")
+
+
+def test_run_audits_its_critic_by_checkpoint(tmp_path):
+    from critic_audit.analysis.audit import AuditConfig, audit
+    from critic_audit.train.audit import read_critic_audit, write_audit_record
+
+    cfg = load_config(None, TINY + ["steps=3", "log.save_every=2", "algo.name=ppo", "log.audit_bootstrap=50"])
+    Trainer(cfg, tmp_path / "run").train()
+    run = tmp_path / "run"
+    recs = read_critic_audit(run)
+    # step 1 (the initial critic), every checkpoint (step 2), the last step
+    assert [r["step"] for r in recs] == [1, 2, 3] and [r["critic"] for r in recs] == ["step_0", "step_1", "step_2"]
+    assert (run / "training.png").stat().st_size > 0
+    # numba's parallel decompose must not leave the 1-thread trainer with more torch threads
+    assert torch.get_num_threads() == 1
+    # the record is analyze's audit of the same rollouts (the values the critic gave them)
+    roll = run / "rollouts" / "step_000003"
+    res = audit(pl.read_parquet(roll / "trajectories.parquet"), pl.read_parquet(roll / "tokens.parquet"),
+                AuditConfig(n_boot=50, seed=cfg.seed))
+    last = recs[-1]
+    assert last["eta2_median"]["estimate"] is not None
+    assert last["eta2_median"]["estimate"] == res.summary["eta2_median"]["estimate"]
+    assert last["frac_f_gt_1"]["estimate"] == res.summary["frac_f_gt_1"]["estimate"]
+    assert last["explained_variance"] == res.summary["critic_quality"]["explained_variance"]
+    assert last["n_trajectories"] == 6 and last["success_rate"] == read_metrics(run)[-1]["rollout/success_rate"]
+    assert read_metrics(run)[-1]["audit/eta2_median"] == pytest.approx(last["eta2_median"]["estimate"])
+    # a step written again (after --resume from an earlier checkpoint) replaces itself and the later ones
+    write_audit_record(run, {**recs[1], "verdict": "again"})
+    again = read_critic_audit(run)
+    assert [r["step"] for r in again] == [1, 2] and again[-1]["verdict"] == "again"
+
+
+def test_critic_free_run_plots_without_audit(tmp_path):
+    cfg = load_config(None, TINY + ["steps=2", "algo.name=grpo", "log.rollouts_every=0"])
+    Trainer(cfg, tmp_path / "run").train()
+    assert (tmp_path / "run" / "training.png").exists()
+    assert not (tmp_path / "run" / "critic_audit.jsonl").exists()
+
+
+def test_episodes_per_step_and_value_warmup_defaults():
+    from critic_audit.train import build_algorithm
+
+    cfg = load_config(None, [])
+    assert cfg.rollout.prompts(4) == 4 and cfg.rollout.prompts(1) == 16 and cfg.rollout.prompts(32) == 1
+    assert load_config(None, ["rollout.prompts_per_step=3"]).rollout.prompts(4) == 3
+    warm = {a: build_algorithm(load_config(None, [f"algo.name={a}"]).algo, None, 64).value_warmup_steps
+            for a in ("mpo", "ppo", "vc_ppo", "vapo", "sao", "grpo")}
+    assert warm == {"mpo": 0, "ppo": 0, "vc_ppo": 10, "vapo": 10, "sao": 0, "grpo": 0}
+    assert build_algorithm(cfg.algo, None, 64, value_warmup_steps=3).value_warmup_steps == 3
+    assert build_algorithm(load_config(None, ["algo.name=grpo"]).algo, None, 64, 5).value_warmup_steps == 0
+
+
+def test_value_warmup_moves_only_the_critic(tmp_path):
+    cfg = load_config(None, TINY + ["steps=3", "algo.name=vapo", "log.rollouts_every=0"])
+    tr = Trainer(cfg, tmp_path / "run")
+    assert tr.algo.value_warmup_steps == 10
+    before, cbefore = params(tr.policy), params(tr.critic)
+    rows = [tr.step() for _ in range(3)]
+    assert torch.equal(before, params(tr.policy)) and not torch.equal(cbefore, params(tr.critic))
+    assert [m["actor/updated"] for m in rows] == [0.0, 0.0, 0.0]

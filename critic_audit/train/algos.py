@@ -8,12 +8,16 @@
 | dapo | grpo | dapo (clip-higher) | no | 4 | dynamic sampling (drop all-equal groups) |
 | gspo | grpo | gspo | no | 4 | |
 | ppo | gae | ppo | yes | 1 | |
-| vc_ppo | decoupled_gae | vc_ppo | yes | 1 | value pretraining via optim.value_warmup_steps |
-| vapo | vapo | vapo (clip-higher) | yes | 1 | 0.1 x NLL on successful rows |
+| vc_ppo | decoupled_gae | vc_ppo | yes | 1 | value pretraining: 10 steps (optim.value_warmup_steps) |
+| vapo | vapo | vapo (clip-higher) | yes | 1 | 0.1 x NLL on successful rows; value warmup: 10 steps |
 | sao | sao | sao (double-sided mask) | yes | 1 | |
 
 DAPO's dynamic sampling here drops the all-equal groups from the loss instead of sampling more groups
 [ours: equal environment-step budget for every algorithm]; overlong shaping is not applied.
+
+VC-PPO (arXiv:2503.01491) and VAPO (arXiv:2504.05118) pretrain the value model before the policy moves;
+their default ``optim.value_warmup_steps`` is 10 training steps [ours: the papers' tens of steps of
+value pretraining, scaled to the 200-step default run], every other algorithm's is 0.
 """
 
 from __future__ import annotations
@@ -28,17 +32,17 @@ from critic_audit.train.config import AlgoConfig
 
 __all__ = ["Algorithm", "build_algorithm"]
 
-_TABLE: dict[str, tuple[str, bool, int, float, bool]] = {
-    # name: (estimator, uses critic, default group size, NLL coefficient, dynamic sampling)
-    "mpo": ("mae", True, 4, 0.0, False),
-    "grpo": ("grpo", False, 4, 0.0, False),
-    "dr_grpo": ("dr_grpo", False, 4, 0.0, False),
-    "dapo": ("grpo", False, 4, 0.0, True),
-    "gspo": ("grpo", False, 4, 0.0, False),
-    "ppo": ("gae", True, 1, 0.0, False),
-    "vc_ppo": ("decoupled_gae", True, 1, 0.0, False),
-    "vapo": ("vapo", True, 1, 0.1, False),
-    "sao": ("sao", True, 1, 0.0, False),
+_TABLE: dict[str, tuple[str, bool, int, float, bool, int]] = {
+    # name: (estimator, uses critic, default group size, NLL coefficient, dynamic sampling, value warmup steps)
+    "mpo": ("mae", True, 4, 0.0, False, 0),
+    "grpo": ("grpo", False, 4, 0.0, False, 0),
+    "dr_grpo": ("dr_grpo", False, 4, 0.0, False, 0),
+    "dapo": ("grpo", False, 4, 0.0, True, 0),
+    "gspo": ("grpo", False, 4, 0.0, False, 0),
+    "ppo": ("gae", True, 1, 0.0, False, 0),
+    "vc_ppo": ("decoupled_gae", True, 1, 0.0, False, 10),
+    "vapo": ("vapo", True, 1, 0.1, False, 10),
+    "sao": ("sao", True, 1, 0.0, False, 0),
 }
 
 
@@ -55,6 +59,7 @@ class Algorithm:
     group_size: int
     nll_coef: float
     dynamic_sampling: bool
+    value_warmup_steps: int = 0
 
 
 def _replace(config: Any, overrides: dict[str, Any], what: str) -> Any:
@@ -74,14 +79,15 @@ def _replace(config: Any, overrides: dict[str, Any], what: str) -> Any:
         raise
 
 
-def build_algorithm(cfg: AlgoConfig, group_size: int | None, max_response_tokens: int) -> Algorithm:
-    """Resolve ``cfg`` (with the run's group size and the longest possible response, the Dr. GRPO
-    constant C).
+def build_algorithm(cfg: AlgoConfig, group_size: int | None, max_response_tokens: int,
+                    value_warmup_steps: int | None = None) -> Algorithm:
+    """Resolve ``cfg`` (with the run's group size, the longest possible response, the Dr. GRPO
+    constant C, and ``optim.value_warmup_steps``: None = the algorithm's default).
 
     Raises:
         ConfigError: an unknown override key or a bad value; a group method with G = 1.
     """
-    estimator, critic, g_default, nll, dyn = _TABLE[cfg.name]
+    estimator, critic, g_default, nll, dyn, warmup = _TABLE[cfg.name]
     est_fn = get_advantage_estimator(estimator)
     est_cfg = _replace(est_fn.config_cls(), dict(cfg.advantage), "algo.advantage")
     if cfg.policy_loss is not None:
@@ -104,4 +110,5 @@ def build_algorithm(cfg: AlgoConfig, group_size: int | None, max_response_tokens
         name=cfg.name, estimator=estimator, estimator_config=est_cfg, loss_fn=loss_fn, loss_config=loss_cfg,
         uses_critic=critic, group_size=g, nll_coef=nll if cfg.nll_coef is None else cfg.nll_coef,
         dynamic_sampling=dyn if cfg.dynamic_sampling is None else cfg.dynamic_sampling,
+        value_warmup_steps=(warmup if value_warmup_steps is None else value_warmup_steps) if critic else 0,
     )

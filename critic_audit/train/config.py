@@ -117,10 +117,14 @@ class ModelConfig:
 class RolloutConfig:
     """Rollout generation."""
 
-    prompts_per_step: int = 8
-    """Distinct environment seeds (prompts) per training step."""
+    episodes_per_step: int = 16
+    """Episodes per training step when ``prompts_per_step`` is None: ``episodes_per_step // G`` prompts,
+    so every algorithm sees the same number of episodes (environment steps) per training step."""
+    prompts_per_step: int | None = None
+    """Distinct environment seeds (prompts) per training step; None = ``episodes_per_step // G``."""
     group_size: int | None = None
-    """G rollouts per prompt; None = the algorithm's default (4 for group methods and MPO, 1 for SAO)."""
+    """G rollouts per prompt; None = the algorithm's default (4 for group methods and MPO, 1 for PPO,
+    VC-PPO, VAPO and SAO)."""
     temperature: float = 1.0
     """Sampling temperature; log-probabilities are those of the tempered distribution."""
     top_k: int = 0
@@ -128,11 +132,20 @@ class RolloutConfig:
     policy differ from the policy whose log-probabilities are trained."""
 
     def __post_init__(self) -> None:
-        _positive("rollout", "prompts_per_step", self.prompts_per_step)
+        _positive("rollout", "episodes_per_step", self.episodes_per_step)
+        if self.prompts_per_step is not None:
+            _positive("rollout", "prompts_per_step", self.prompts_per_step)
         if self.group_size is not None:
             _positive("rollout", "group_size", self.group_size)
         _positive("rollout", "temperature", self.temperature)
         _positive("rollout", "top_k", self.top_k, allow_zero=True)
+
+    def prompts(self, group_size: int) -> int:
+        """Prompts per step for groups of ``group_size``: ``prompts_per_step``, or
+        ``episodes_per_step // group_size`` (at least 1) when that is None."""
+        if self.prompts_per_step is not None:
+            return self.prompts_per_step
+        return max(1, self.episodes_per_step // group_size)
 
 
 @dataclass(frozen=True)
@@ -195,15 +208,17 @@ class OptimConfig:
     micro_batch_size: int | None = None
     """Rows per forward/backward (gradient accumulation inside a mini-batch); None = the mini-batch.
     The micro-batch losses are weighted so the gradient equals the mini-batch's exactly."""
-    value_warmup_steps: int = 0
-    """Training steps at the start that update only the critic (value pretraining, VC-PPO/VAPO)."""
+    value_warmup_steps: int | None = None
+    """Training steps at the start that update only the critic (value pretraining); None = the
+    algorithm's default (VC-PPO and VAPO 10, the others 0; :mod:`critic_audit.train.algos`)."""
 
     def __post_init__(self) -> None:
         _positive("optim", "lr", self.lr)
         _positive("optim", "critic_lr", self.critic_lr)
         _positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
         _positive("optim", "warmup_steps", self.warmup_steps, allow_zero=True)
-        _positive("optim", "value_warmup_steps", self.value_warmup_steps, allow_zero=True)
+        if self.value_warmup_steps is not None:
+            _positive("optim", "value_warmup_steps", self.value_warmup_steps, allow_zero=True)
         for n in ("ppo_epochs", "num_minibatches"):
             _positive("optim", n, getattr(self, n))
         if self.micro_batch_size is not None:
@@ -228,9 +243,18 @@ class LogConfig:
     """Write the rollout tables every N steps (0 = never)."""
     tensorboard: bool = False
     """Also write TensorBoard scalars (only if the ``tensorboard`` package is installed)."""
+    audit_every: int | None = None
+    """Audit the run's critic on the rollouts of every N-th step (and of step 1 and the last step) into
+    ``critic_audit.jsonl`` and ``training.png`` (:mod:`critic_audit.train.audit`); None = ``save_every``,
+    0 = never. Critic-free algorithms get the success plot only."""
+    audit_bootstrap: int = 200
+    """Bootstrap resamples of the audit's 95% intervals."""
 
     def __post_init__(self) -> None:
         _positive("log", "save_every", self.save_every)
+        if self.audit_every is not None:
+            _positive("log", "audit_every", self.audit_every, allow_zero=True)
+        _positive("log", "audit_bootstrap", self.audit_bootstrap)
         _positive("log", "keep_checkpoints", self.keep_checkpoints, allow_zero=True)
         _positive("log", "rollouts_every", self.rollouts_every, allow_zero=True)
 
@@ -241,8 +265,9 @@ class TrainConfig:
 
     seed: int = 0
     """Seeds model initialisation, sampling, shuffling and the environment seeds."""
-    steps: int = 50
-    """Training steps (one rollout batch each)."""
+    steps: int = 200
+    """Training steps (one rollout batch each). 200 steps of the default credit task cost 80-140
+    CPU-seconds on one thread (docs/train.md)."""
     device: str = "auto"
     """``auto`` (cuda if available), ``cpu``, ``cuda``, ``cuda:N``."""
     dtype: str = "auto"

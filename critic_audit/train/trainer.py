@@ -2,14 +2,15 @@
 
 One training step:
 
-1. ``prompts_per_step`` environment seeds, each run ``G`` times (a group), all episodes sampled in
-   lockstep turn by turn (:func:`~critic_audit.train.rollout.generate_episodes`);
+1. ``rollout.prompts(G)`` environment seeds (``episodes_per_step // G`` by default), each run ``G``
+   times (a group), all episodes sampled in lockstep turn by turn
+   (:func:`~critic_audit.train.rollout.generate_episodes`);
 2. the behaviour policy's log-probabilities and the critic's values by teacher forcing (no grad);
 3. advantages and critic targets from the algorithm's estimator (``compute_advantages``);
 4. ``ppo_epochs`` passes of ``num_minibatches`` AdamW steps, each accumulated over micro-batches
    weighted so the gradient equals the mini-batch's; the critic regresses the targets with its own
-   AdamW (skipped for critic-free algorithms); for ``optim.value_warmup_steps`` steps only the critic
-   learns;
+   AdamW (skipped for critic-free algorithms); for ``optim.value_warmup_steps`` steps (None = the
+   algorithm's: 10 for VC-PPO and VAPO) only the critic learns;
 5. metrics to ``metrics.jsonl`` (and the callbacks), rollout tables, checkpoints.
 
 Run folder::
@@ -17,6 +18,8 @@ Run folder::
     critic-audit-manifest.json    marks the folder as a critic-audit run (critic_audit.outputs)
     config.json                   the resolved configuration
     metrics.jsonl                 one JSON object per step
+    critic_audit.jsonl            the critic audited on its own rollouts, by checkpoint (log.audit_every)
+    training.png                  success curve beside that audit (critic_audit.train.audit.plot_run)
     rollouts/step_000001/         trajectories.parquet, tokens.parquet (value, old_log_prob, advantage),
                                   rollouts.jsonl (chat format)
     checkpoints/step_N/           policy/ (causal LM), critic/ (token classification, num_labels 1),
@@ -63,7 +66,9 @@ from critic_audit.rl import (
     turn_ratio_metrics,
     value_loss,
 )
+from critic_audit.rl.diagnostics import DEFAULT_LENGTH_BUCKETS
 from critic_audit.train.algos import Algorithm, build_algorithm
+from critic_audit.train.audit import audit_rollouts, plot_run, write_audit_record
 from critic_audit.train.chat import ChatCodec
 from critic_audit.train.config import TrainConfig, config_from_dict, config_to_dict
 from critic_audit.train.envs.base import resolve_environment
@@ -156,7 +161,8 @@ class Trainer:
         env_tok = probe.tokenizer() if hasattr(probe, "tokenizer") else None
         self.source = getattr(probe, "name", config.env.name)
         max_response = config.env.max_turns * config.env.max_new_tokens
-        self.algo: Algorithm = build_algorithm(config.algo, config.rollout.group_size, max_response)
+        self.algo: Algorithm = build_algorithm(config.algo, config.rollout.group_size, max_response,
+                                               config.optim.value_warmup_steps)
 
         self.policy, self.tokenizer = build_policy(config.model, env_tok, config.env.max_context + 8, config.seed)
         self.codec = ChatCodec(self.tokenizer)
@@ -309,7 +315,8 @@ class Trainer:
         self.policy.eval()
         if self.critic is not None:
             self.critic.eval()
-        P, G = cfg.rollout.prompts_per_step, algo.group_size
+        G = algo.group_size
+        P = cfg.rollout.prompts(G)
         seeds = [env_seed(cfg.seed, s, i) for i in range(P) for _ in range(G)]
         groups = [i for i in range(P) for _ in range(G)]
         episodes = generate_episodes(
@@ -360,7 +367,7 @@ class Trainer:
             m["critic/value_mean"] = float(values[mask].mean()) if bool(mask.any()) else 0.0
 
         t1 = time.perf_counter()
-        train_policy = s > cfg.optim.value_warmup_steps and bool(loss_mask.any())
+        train_policy = s > algo.value_warmup_steps and bool(loss_mask.any())
         m.update(self._update(ids, attn, loss_mask, mask, turn_ids, old_lp, advantages, returns, values,
                               positive, train_policy))
         m["time/rollout_s"] = t_roll
@@ -369,10 +376,15 @@ class Trainer:
         self.step_count = s
         if cfg.log.rollouts_every and s % cfg.log.rollouts_every == 0:
             self._write_rollouts(episodes, s, values if self.critic is not None else None, old_lp, advantages)
+        audit_due = self._audit_due(s)
+        if audit_due and self.critic is not None:
+            m.update(self._audit_critic(episodes, s, values, old_lp, advantages, m))
         m["time/step_s"] = time.perf_counter() - t0
         m = {k: _finite(v) for k, v in m.items()}
         with open(self.run_dir / METRICS_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps(m) + "\n")
+        if audit_due:
+            plot_run(self.run_dir)
         if self.tb is not None:
             for k, v in m.items():
                 if isinstance(v, (int, float)) and k != "step":
@@ -468,7 +480,9 @@ class Trainer:
         if train_policy:
             eps_low = getattr(algo.loss_config, "eps_low", 0.2)
             eps_high = getattr(algo.loss_config, "eps_high", 0.2)
-            out.update(turn_ratio_metrics(lp_seen, old_lp, torch.where(loss_mask, turn_ids, -1), eps_low, eps_high))
+            buckets = getattr(algo.loss_config, "length_buckets", DEFAULT_LENGTH_BUCKETS)
+            out.update(turn_ratio_metrics(lp_seen, old_lp, torch.where(loss_mask, turn_ids, -1), eps_low, eps_high,
+                                          buckets))
         out["optim/lr"] = float(self.policy_sched.get_last_lr()[0])
         out["optim/updates"] = float(n_mb if train_policy else 0)
         out["actor/updated"] = float(train_policy)
@@ -480,6 +494,28 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------------------------------
+    def _audit_due(self, s: int) -> bool:
+        every = self.config.log.audit_every
+        every = self.config.log.save_every if every is None else every
+        return bool(every) and (s == 1 or s % every == 0 or s == self.config.steps)
+
+    def _audit_critic(self, episodes: list[Any], s: int, values: torch.Tensor, old_lp: torch.Tensor,
+                      adv: torch.Tensor, m: dict[str, Any]) -> dict[str, float]:
+        """Audit the values this step's rollouts got (the critic after step s - 1) into critic_audit.jsonl;
+        returns the headline as ``audit/*`` metrics."""
+        trajs, tokens = episodes_to_tables(episodes, step=s, checkpoint=f"step_{s - 1}", source=self.source,
+                                           values=values.cpu(), old_log_probs=old_lp.cpu(), advantages=adv.cpu())
+        rec = {"step": s, "critic": f"step_{s - 1}", "env_steps": self.env_steps,
+               **audit_rollouts(trajs, tokens, n_boot=self.config.log.audit_bootstrap, seed=self.config.seed),
+               "success_rate": m["rollout/success_rate"], "reward_mean": m["rollout/reward_mean"]}
+        write_audit_record(self.run_dir, rec)
+        out = {}
+        for key in ("eta2_median", "frac_ss_between_gt_within", "explained_variance", "corr_mean_value_reward"):
+            v = rec[key]["estimate"] if isinstance(rec[key], dict) else rec[key]
+            if v is not None:
+                out[f"audit/{key}"] = float(v)
+        return out
+
     def _write_rollouts(self, episodes: list[Any], s: int, values: torch.Tensor | None, old_lp: torch.Tensor,
                         adv: torch.Tensor) -> None:
         folder = self.run_dir / "rollouts" / f"step_{s:06d}"

@@ -113,7 +113,8 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
         ConfigError: a setting verl cannot take (the ``tiny`` model, a model folder without config.json,
             a group method with G = 1, prompts per step not divisible by optim.num_minibatches).
     """
-    algo = build_algorithm(cfg.algo, cfg.rollout.group_size, cfg.env.max_new_tokens * cfg.env.max_turns)
+    algo = build_algorithm(cfg.algo, cfg.rollout.group_size, cfg.env.max_new_tokens * cfg.env.max_turns,
+                           cfg.optim.value_warmup_steps)
     estimator, loss_mode = ALGORITHMS[cfg.algo.name]
     if cfg.algo.policy_loss is not None:  # an explicit loss overrides the preset's
         loss_mode = {"ppo": "vanilla"}.get(cfg.algo.policy_loss, cfg.algo.policy_loss)
@@ -164,7 +165,7 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
                               fix="--set model.critic=policy or a model folder")
         critic = policy if cfg.model.critic == "policy" else _model_path(cfg.model.critic, "model.critic")
         ov.append(f"critic.model.path={critic}")
-    n_prompts = cfg.rollout.prompts_per_step
+    n_prompts = cfg.rollout.prompts(algo.group_size)
     if n_prompts % cfg.optim.num_minibatches:
         raise ConfigError(f"rollout.prompts_per_step = {n_prompts} is not divisible by optim.num_minibatches = "
                           f"{cfg.optim.num_minibatches} (verl's mini-batches hold whole prompt groups)",
@@ -220,8 +221,8 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
     if cfg.env.name != defaults.env.name:
         notes.append(f"env.name = {cfg.env.name!r} is the built-in trainer's: verl runs its own agent loop on the "
                      "prompts of data.train_files (give them with --verl)")
-    if algo.uses_critic and cfg.optim.value_warmup_steps:
-        ov.append(f"trainer.critic_warmup={cfg.optim.value_warmup_steps}")
+    if algo.uses_critic and algo.value_warmup_steps:
+        ov.append(f"trainer.critic_warmup={algo.value_warmup_steps}")
     return VerlRunSpec(overrides=ov + list(extra), options=options, notes=notes)
 
 
