@@ -117,9 +117,17 @@ def read_inputs(paths: Sequence[str | Path], options: ReadOptions = ReadOptions(
         for spec in r.files:
             if spec.kind != "conversations":
                 continue
-            for c in read_conversations(spec, options, rep):
-                convs.append(c)
-                labels.append(spec.label)
+            try:
+                file_convs = list(read_conversations(spec, options, rep))
+            except InputError as e:
+                # lenient: record errors were skipped inside; what escapes is about the whole file (not
+                # UTF-8, not JSON): skip and count the file, unless it was named on its own
+                if not options.lenient or e.path != str(spec.path) or Path(spec.path) == Path(r.path):
+                    raise
+                rep.skip_file(Path(spec.path), "unreadable_file")
+                continue
+            convs += file_convs
+            labels += [spec.label] * len(file_convs)
     n = qualify_ids(convs, labels)
     if n:
         rep.notes["trajectory_ids_qualified_with_file"] += n
@@ -140,12 +148,37 @@ def is_table_input(path: str | Path, options: ReadOptions | None = None) -> bool
 def read_table_specs(resolved: Sequence[ResolvedInput], options: ReadOptions,
                      report: ReadReport) -> list[tuple[Path, pl.DataFrame, pl.DataFrame, dict[str, str]]]:
     """``(path, trajectories, tokens, pre_excluded)`` of every table file of ``resolved``, each read once."""
-    out = []
+    out, labels = [], []
     for r in resolved:
         for spec in r.files:
             if spec.kind == "tables":
                 tr, tk, pre = FORMATS[spec.format].reader().read_file(spec, options, report)
                 out.append((spec.path, tr, tk, pre))
+                labels.append(spec.label)
+    return _qualify_table_ids(out, labels, report)
+
+
+def _qualify_table_ids(parts: list[tuple[Path, pl.DataFrame, pl.DataFrame, dict[str, str]]], labels: list[str],
+                       report: ReadReport) -> list[tuple[Path, pl.DataFrame, pl.DataFrame, dict[str, str]]]:
+    """A trajectory id found in more than one table file becomes ``{file label}/{id}`` in each (as
+    :func:`critic_audit.io.detect.qualify_ids` does for conversations)."""
+    seen: dict[str, int] = {}
+    for _, tr, _, _ in parts:
+        for tid in set(tr["trajectory_id"].cast(pl.String).to_list()):
+            seen[tid] = seen.get(tid, 0) + 1
+    shared = {t for t, n in seen.items() if n > 1}
+    if not shared:
+        return parts
+    out = []
+    for (path, tr, tk, pre), label in zip(parts, labels):
+        mine = [t for t in set(tr["trajectory_id"].cast(pl.String).to_list()) if t in shared]
+        if mine:
+            mapping = {t: f"{label}/{t}" for t in mine}
+            tr = tr.with_columns(pl.col("trajectory_id").cast(pl.String).replace(mapping))
+            tk = tk.with_columns(pl.col("trajectory_id").cast(pl.String).replace(mapping))
+            pre = {mapping.get(k, k): v for k, v in pre.items()}
+            report.notes["trajectory_ids_qualified_with_file"] += len(mine)
+        out.append((path, tr, tk, pre))
     return out
 
 

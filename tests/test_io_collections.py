@@ -286,3 +286,37 @@ def test_lenient_skips_counted_once_with_two_critics(tmp_path, critic_dir):
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
     assert s["input"]["skipped"] == {"length_mismatch": 1}
+
+
+def test_a_corrupt_jsonl_in_a_folder_is_an_error_and_lenient_skips_and_counts_the_file(tmp_path):
+    d = tmp_path / "runs"
+    d.mkdir()
+    write_jsonl(d / "good.jsonl", [conv(i, 2, 1.0) for i in range(3)])
+    (d / "broken.jsonl").write_bytes(b"\xff\xfe\x00junk\x81\x82 not json\n")
+    (d / "empty.jsonl").write_text("")  # empty: no rollout file, skipped as such
+    with pytest.raises(InputError, match=r"broken\.jsonl: not UTF-8 text \(in its first line"):
+        read_inputs([d])
+    rep = ReadReport()
+    convs = read_inputs([d], ReadOptions(lenient=True), report=rep)
+    assert len(convs) == 3
+    assert dict(rep.skipped_files) == {"unreadable_file": 1, "not_rollout_file": 1}
+    assert not rep.skipped  # the file is counted once, as a file
+
+
+def test_token_id_tables_from_two_jobs_with_the_same_ids_are_qualified(tmp_path, critic_dir):
+    root = tmp_path / "atif2"
+    for job in ("jobA", "jobB"):
+        shutil.copytree(ATIF / "job-demo", root / job)
+    res = runner.invoke(app, ["analyze", str(root), "--critic", str(critic_dir), "--out", str(tmp_path / "o"),
+                              "--no-plots", "--no-reward"])
+    assert res.exit_code == 0, res.output
+    trajs = pl.read_parquet(tmp_path / "o" / "trajectories.parquet")
+    ids = trajs["trajectory_id"].to_list()
+    assert len(ids) == len(set(ids)) == 4
+    assert sorted(trajs["source"].to_list()) == ["jobA", "jobA", "jobB", "jobB"]
+    assert all(i.startswith(("jobA/", "jobB/")) for i in ids)
+    # check reads the same tree the same way
+    from critic_audit.check import load_rollouts
+
+    got = sorted(r.trajectory_id for r in load_rollouts([root]))
+    assert got == sorted(ids)

@@ -282,18 +282,29 @@ def load_rollouts(
     ropts = read_options or ReadOptions(require_reward=False)
     rep = report if report is not None else ReadReport()
     out: list[CheckRollout] = []
+    labels: list[str | None] = []  # the file label of each table rollout (None: already unique)
     for res in resolve_inputs([Path(p) for p in paths], ropts, rep):
         if any(f.kind == "conversations" for f in res.files):
             convs = read_inputs([res.path], ropts, report=rep, resolved=[res])
-            out += _from_conversations(convs, tokenizer, tokenize_config or TokenizeConfig())
+            got = _from_conversations(convs, tokenizer, tokenize_config or TokenizeConfig())
+            out += got
+            labels += [None] * len(got)
         for spec in res.files:
             if spec.kind != "tables":
                 continue
             if spec.format == "tokenized":
-                out += [_from_sequence(s) for s in iter_sequences(spec, ropts, rep)]
+                got = [_from_sequence(s) for s in iter_sequences(spec, ropts, rep)]
             else:
                 trajs, tokens, _ = FORMATS[spec.format].reader().read_file(spec, ropts, rep)
-                out += _from_tables(trajs, tokens, _side_tables(spec.path))
+                got = _from_tables(trajs, tokens, _side_tables(spec.path))
+            out += got
+            labels += [spec.label] * len(got)
+    counts: dict[str, int] = {}
+    for r in out:
+        counts[r.trajectory_id] = counts.get(r.trajectory_id, 0) + 1
+    for r, label in zip(out, labels):  # an id found in several table files: {file label}/{id}, as analyze does
+        if counts[r.trajectory_id] > 1 and label is not None:
+            r.trajectory_id = f"{label}/{r.trajectory_id}"
     seen: set[str] = set()
     for r in out:
         if r.trajectory_id in seen:

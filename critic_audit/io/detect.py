@@ -96,6 +96,15 @@ def _head(path: Path) -> str:
     return raw.decode("utf-8-sig", errors="replace")
 
 
+def _has_bytes(path: Path) -> bool:
+    """True when the file holds any non-whitespace byte (binary junk included)."""
+    try:
+        with path.open("rb") as fh:
+            return bool(fh.read(_HEAD).strip())
+    except OSError:
+        return False
+
+
 def first_record(path: Path) -> Any:
     """The first record of a JSON / JSONL file (None when there is none or it does not parse)."""
     try:
@@ -163,8 +172,12 @@ def _detect_file(p: Path, opts: ReadOptions) -> str | None:
         return None
     rec = first_record(p)
     if rec is None:
+        if p.suffix.lower() in JSONL_SUFFIXES:
+            # no line parses: an empty file is no rollout file, a corrupt one (binary junk, torn lines)
+            # is a broken rollout file, which the chat reader reports (strict) or skips and counts
+            return "chat" if _head(p).strip() or _has_bytes(p) else None
         try:
-            load_json(p) if p.suffix.lower() not in JSONL_SUFFIXES else None
+            load_json(p)
         except InputError:
             return "chat"  # unreadable JSON: the chat reader reports it
         return None

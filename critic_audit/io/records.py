@@ -391,8 +391,10 @@ def iter_jsonl(path: Path, lenient: bool = False, report: ReadReport | None = No
             try:
                 line = fh.readline()
             except UnicodeDecodeError as e:
-                raise InputError(f"not UTF-8 text (after line {line_no}: {e.reason})", path=path,
-                                 fix="write the file as UTF-8") from None
+                where = f"in line {line_no + 1}" if line_no else "in its first line"
+                raise InputError(f"not UTF-8 text ({where}: {e.reason})", path=path,
+                                 fix="write the file as UTF-8 (with --lenient a folder search skips the file and "
+                                     "counts it)") from None
             if not line:
                 return
             line_no += 1
