@@ -131,6 +131,7 @@ def surrogate_error(field: str, label: str | None = None, *, path: Any = None, r
     e = InputError(f"{label}: {problem}" if label else problem, path=path, record=record,
                    fix="repair the text at its source, or pass --lenient to skip such records")
     e.reason = "invalid_unicode"  # type: ignore[attr-defined]
+    e.field = field  # type: ignore[attr-defined]
     return e
 
 

@@ -76,7 +76,7 @@ def test_surrogates_through_the_cli(tmp_path, critic_dir):
                               "--no-plots"])
     assert res.exit_code == 1
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and "r.jsonl: record 0 (line 1)" in lines[0], res.output
+    assert len(lines) == 1 and lines[0].startswith("error:") and f"{path}: record 0 (line 1" in lines[0], res.output
     path.write_text(GOOD + "\n" + CASES["content"][0] + "\n")
     res = runner.invoke(app, ["analyze", str(path), "--critic", str(critic_dir), "--out", str(tmp_path / "o"),
                               "--no-plots", "--lenient", "--bootstrap", "20", "--json"])

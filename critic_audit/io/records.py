@@ -351,7 +351,14 @@ def convert_records(records: Iterator[tuple[Any, RecordContext]], convert: Calla
     ids = IdRegistry()
     for raw, ctx in records:
         def one(raw: Any = raw, ctx: RecordContext = ctx) -> Any:
-            out = convert(raw, ctx)
+            try:
+                out = convert(raw, ctx)
+            except InputError as e:  # a Conversation's own check knows no path: name the file in full
+                if e.path is None and getattr(e, "reason", None) == "invalid_unicode":
+                    from critic_audit.schema import surrogate_error
+
+                    raise surrogate_error(e.field, path=ctx.path, record=ctx.label()) from None
+                raise
             ids.check(out.trajectory_id, ctx)
             return out
 
