@@ -30,7 +30,7 @@ from critic_audit.errors import ConfigError, InputError
 
 __all__ = ["HotpotQASearchEnv", "exact_match", "f1_score", "normalize_answer"]
 
-DEFAULT_DATA = (Path(__file__).resolve().parents[3].parent / "shared" / "data" / "hotpotqa_distractor_rl"
+DEFAULT_DATA = (Path(__file__).resolve().parents[3] / "sample_data" / "hotpotqa_distractor_rl"
                 / "hotpotqa_distractor_sample100.jsonl")
 ACTION = re.compile(r"(search|finish)\[(.*?)\]", re.IGNORECASE | re.DOTALL)
 SYSTEM = ("Answer the question. Use search[query] to look up paragraphs and finish[answer] to answer. "
@@ -103,7 +103,7 @@ class HotpotQASearchEnv:
     """Search agent over one question's 10 paragraphs (see the module docstring).
 
     Args:
-        data_path: the JSONL file (default: ``../shared/data/hotpotqa_distractor_rl/...`` of the repository).
+        data_path: the JSONL file (default: ``sample_data/hotpotqa_distractor_rl/hotpotqa_distractor_sample100.jsonl`` of the repository).
         top_k: paragraphs per search.
         max_paragraph_chars: each returned paragraph is cut to this many characters.
         max_searches: searches allowed before the environment demands ``finish``.
