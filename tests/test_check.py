@@ -164,6 +164,37 @@ def test_groups_all_equal_and_the_dapo_share():
     assert by_id(run_checks(rs[2:4]), "groups_all_equal").status == "pass"
 
 
+def _nemo_tree(root, rewards):
+    """resources_servers/<env>/data/example_rollouts.jsonl per env; rewards: env -> [(group, reward)]
+    (NeMo Gym's _ng_task_index numbers the groups 0, 1, ... in every environment)."""
+    from test_io_formats import nemo_record
+
+    for env, rs in rewards.items():
+        recs = []
+        for i, (g, rew) in enumerate(rs):
+            r = nemo_record(i, rew)
+            del r["task_index"]
+            r["_ng_task_index"] = g
+            recs.append(r)
+        (root / "resources_servers" / env / "data").mkdir(parents=True)
+        write_jsonl(root / "resources_servers" / env / "data" / "example_rollouts.jsonl", recs)
+    return root
+
+
+def test_groups_of_two_collections_with_the_same_ids_are_not_pooled(tmp_path):
+    # tau2's group 0 has a spread; sokoban's group 0 is all-equal: pooled by id alone they would hide it
+    root = _nemo_tree(tmp_path / "Gym", {"tau2": [(0, 1.0), (0, 0.0), (1, 1.0)], "sokoban": [(0, 1.0), (0, 1.0)]})
+    rep = check_rollouts([root])
+    c = by_id(rep, "groups_all_equal")
+    assert c.status == "warn"
+    assert c.counts == {"groups_checked": 2, "groups_all_equal": 1, "trajectories_dropped": 2,
+                        "trajectories_checked": 4, "singleton_groups": 1}
+    assert c.examples[0].detail == "group sokoban/0: 2 rollouts, every reward 1"
+    # every group check keys by (collection, group id)
+    t = by_id(rep, "turns_per_group")
+    assert t.counts["groups_checked"] == 2 and t.counts["trajectories_checked"] == 4
+
+
 def test_returns_reset_across_a_tool_span(tmp_path):
     reset = [0, 0, 0, 0, 0, 0, 1, 1]  # verl #7278: the return stops at the observation
     carried = [0, 0, 1, 1, 0, 0, 1, 1]

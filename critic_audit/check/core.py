@@ -220,12 +220,19 @@ def _with(rollouts: Sequence[CheckRollout], *fields: str) -> list[CheckRollout]:
     return [r for r in rollouts if all(getattr(r, f) is not None for f in fields)]
 
 
+def group_name(key: tuple[str | None, str]) -> str:
+    """How a group key ``(collection, group_id)`` is shown: ``collection/group_id``, or the id alone."""
+    collection, gid = key
+    return gid if collection is None else f"{collection}/{gid}"
+
+
 def _groups(rollouts: Sequence[CheckRollout], keep: Callable[[CheckRollout], bool]):
-    """``(all groups, groups of >= 2)``: group id -> its rollouts that ``keep`` accepts."""
-    groups: dict[str, list[CheckRollout]] = defaultdict(list)
+    """``(all groups, groups of >= 2)``: ``(collection, group id)`` -> its rollouts that ``keep`` accepts
+    (two collections that both number their groups 0, 1, ... are not pooled)."""
+    groups: dict[tuple[str | None, str], list[CheckRollout]] = defaultdict(list)
     for r in rollouts:
         if r.group_id is not None and keep(r):
-            groups[r.group_id].append(r)
+            groups[(r.collection, r.group_id)].append(r)
     return groups, {g: rs for g, rs in groups.items() if len(rs) >= 2}
 
 
