@@ -31,6 +31,9 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 DEBUG_ENV = "CRITIC_AUDIT_DEBUG"
+#: ``check``'s exit status when a fail-level check fires (or, with --strict, a warning); distinct from 1
+#: (a user error) and 2 (click's usage errors: unknown option, missing argument, bad number).
+CHECK_FINDINGS_EXIT = 3
 
 # Reusable option aliases (help text stays consistent across commands).
 Inputs = Annotated[list[Path], typer.Argument(help="Rollout files or folders (OpenAI chat JSON/JSONL), or canonical-table folders.", show_default=False)]
@@ -493,7 +496,7 @@ def check(
     examples: Annotated[int, typer.Option(help="Worst examples kept per check.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
     report_out: Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON report to this file (atomically).")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit non-zero on warnings too.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 3 on warnings too (as on a failed check).")] = False,
     input_format: Annotated[str, typer.Option("--format", help=format_help())] = "auto",
     lenient: Annotated[bool, typer.Option("--lenient", help="Skip bad records (counted in the report notes).")] = False,
     chat_template: ChatTemplate = None,
@@ -506,7 +509,11 @@ def check(
     token_budget: TokenBudget = 16384,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
-    """Check rollouts for credit-assignment bugs (no critic): exit 2 when a fail-level check fires (docs/check.md)."""
+    """Check rollouts for credit-assignment bugs (no critic; docs/check.md).
+
+    Exit status: 0 no check fails; 3 a fail-level check fired (--strict: a warning too); 1 a user error
+    (bad path, bad input, bad value); 2 a usage error (unknown option, missing argument).
+    """
     try:
         from critic_audit.check import CheckConfig, check_rollouts, write_report
         from critic_audit.io.records import ReadOptions
@@ -547,7 +554,7 @@ def check(
         if report_out is not None:
             out.print(f"wrote {report_out}")
     if report.status == "fail" or (strict and report.status == "warn"):
-        raise typer.Exit(2)
+        raise typer.Exit(CHECK_FINDINGS_EXIT)
 
 
 @app.command()

@@ -490,7 +490,7 @@ def test_check_verl_batch_metrics():
 def test_cli_check_exit_status_json_and_report(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [row("bad", MASK, token_level_rewards=[0, 0, 0, 0, 0, 1.0, 0, 0])])
     res = runner.invoke(app, ["check", str(bad), "--json", "--out", str(tmp_path / "report.json")])
-    assert res.exit_code == 2, res.output
+    assert res.exit_code == 3, res.output  # a finding: 3, never click's 2 (usage) nor 1 (user error)
     doc = json.loads(res.stdout)
     assert doc["status"] == "fail" and doc["n_trajectories"] == 1
     assert json.loads((tmp_path / "report.json").read_text()) == doc
@@ -503,11 +503,25 @@ def test_cli_check_exit_status_json_and_report(tmp_path):
     assert "reward_on_masked_token" in res.stdout and "overall pass" in res.stdout
     truncated = write_jsonl(tmp_path / "t.jsonl", [row("t", MASK, finish_reason="length")])
     assert runner.invoke(app, ["check", str(truncated)]).exit_code == 0  # a warning
-    assert runner.invoke(app, ["check", str(truncated), "--strict"]).exit_code == 2
+    assert runner.invoke(app, ["check", str(truncated), "--strict"]).exit_code == 3
     res = runner.invoke(app, ["check", str(tmp_path / "missing.jsonl")])
     assert res.exit_code == 1 and "no such file" in res.output and "Traceback" not in res.output
     res = runner.invoke(app, ["check", str(good), "--reward-layout", "bogus"])
     assert res.exit_code == 1 and "unknown reward layout" in res.output
+
+
+def test_cli_check_exit_codes_tell_findings_from_usage_and_user_errors(tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [row("bad", MASK, token_level_rewards=[0, 0, 0, 0, 0, 1.0, 0, 0])])
+    assert runner.invoke(app, ["check", str(bad)]).exit_code == 3  # a fail-level finding
+    # usage errors (click): an unknown option, a missing argument, a non-number for a number
+    assert runner.invoke(app, ["check", str(bad), "--stirct"]).exit_code == 2
+    assert runner.invoke(app, ["check"]).exit_code == 2
+    assert runner.invoke(app, ["check", str(bad), "--examples", "many"]).exit_code == 2
+    # user errors: a missing file, a bad value
+    assert runner.invoke(app, ["check", str(tmp_path / "nope.jsonl")]).exit_code == 1
+    assert runner.invoke(app, ["check", str(bad), "--weight-floor", "2"]).exit_code == 1
+    res = runner.invoke(app, ["check", "--help"])
+    assert res.exit_code == 0 and "3 a fail-level check fired" in " ".join(res.output.split())
 
 
 @pytest.mark.parametrize("turns", [1, 2, 4])
