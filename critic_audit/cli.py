@@ -495,7 +495,8 @@ def check(
     weight_floor: Annotated[float, typer.Option(help="A product importance weight below this (or above its inverse) has collapsed; 0 disables.")] = 0.1,
     examples: Annotated[int, typer.Option(help="Worst examples kept per check.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
-    report_out: Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON report to this file (atomically).")] = None,
+    report_out: Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON report to this file (atomically; an existing file is replaced only when it is a check report, or with --overwrite).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Let --out replace an existing file that is not a check report.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 on warnings too (as on a failed check).")] = False,
     input_format: Annotated[str, typer.Option("--format", help=format_help())] = "auto",
     lenient: Annotated[bool, typer.Option("--lenient", help="Skip bad records (counted in the report notes).")] = False,
@@ -515,11 +516,13 @@ def check(
     (bad path, bad input, bad value); 2 a usage error (unknown option, missing argument).
     """
     try:
-        from critic_audit.check import CheckConfig, check_rollouts, write_report
+        from critic_audit.check import CheckConfig, check_report_path, check_rollouts, write_report
         from critic_audit.io.records import ReadOptions
 
         cfg = CheckConfig(reward_layout=reward_layout, max_turn_tokens=max_turn_tokens, weight_floor=weight_floor,
                           examples=examples)
+        if report_out is not None:  # refuse a bad --out before the run, not after it
+            check_report_path(report_out, overwrite=overwrite)
         read_opts = ReadOptions(format=input_format, messages_key=messages_key, reward_key=reward_key, id_key=id_key,
                                 group_key=group_key, require_reward=False, lenient=lenient)
         report = check_rollouts(inputs, cfg, read_options=read_opts,
@@ -527,7 +530,7 @@ def check(
                                 device=device, dtype=dtype, token_budget=token_budget,
                                 trust_remote_code=trust_remote_code)
         if report_out is not None:
-            write_report(report, report_out)
+            write_report(report, report_out, overwrite=overwrite)
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - every error becomes one line

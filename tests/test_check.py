@@ -524,6 +524,31 @@ def test_cli_check_exit_codes_tell_findings_from_usage_and_user_errors(tmp_path)
     assert res.exit_code == 0 and "3 a fail-level check fired" in " ".join(res.output.split())
 
 
+def test_cli_check_out_never_replaces_a_file_it_did_not_write(tmp_path, monkeypatch):
+    good = write_jsonl(tmp_path / "good.jsonl", [row("g", MASK, token_level_rewards=[0, 0, 0, 0, 0, 0, 0, 1.0])])
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "notes"}\n')
+    res = runner.invoke(app, ["check", str(good), "--out", str(mine)])
+    assert res.exit_code == 1 and "is not a report critic-audit check wrote" in res.output and "--overwrite" in res.output
+    assert mine.read_text() == '{"my": "notes"}\n'  # untouched
+    # a previous report is replaced (its tool marker); --overwrite replaces any file
+    rep = tmp_path / "check.json"
+    assert runner.invoke(app, ["check", str(good), "--out", str(rep)]).exit_code == 0
+    doc = json.loads(rep.read_text())
+    assert doc["tool"] == "critic-audit check" and doc["status"] == "pass"
+    assert runner.invoke(app, ["check", str(good), "--out", str(rep)]).exit_code == 0
+    assert runner.invoke(app, ["check", str(good), "--out", str(mine), "--overwrite"]).exit_code == 0
+    assert json.loads(mine.read_text())["tool"] == "critic-audit check"
+    # folders, the root, an empty path: one clean line each, nothing unexpected
+    monkeypatch.chdir(tmp_path)
+    for bad, says in ((str(tmp_path), "is a folder; the report is one JSON file"), ("/", "is a folder"),
+                      ("", "is not a file name")):
+        res = runner.invoke(app, ["check", str(good), "--out", bad])
+        assert res.exit_code == 1, (bad, res.output)
+        assert says in res.output and "unexpected" not in res.output and "Errno" not in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("turns", [1, 2, 4])
 @pytest.mark.parametrize("tool", [True, False])
 def test_no_false_alarm_on_correctly_built_rollouts(tokenizer, turns, tool):

@@ -21,10 +21,12 @@ from critic_audit.check.data import CheckRollout
 from critic_audit.check.markers import TurnMarkers
 from critic_audit.errors import ConfigError
 
-__all__ = ["CheckConfig", "CheckContext", "CheckOutcome", "CheckReport", "Example", "REWARD_LAYOUTS", "STATUSES",
+__all__ = ["CheckConfig", "CheckContext", "CheckOutcome", "CheckReport", "Example", "REWARD_LAYOUTS", "REPORT_TOOL", "STATUSES",
            "PASS", "WARN", "FAIL", "SKIP"]
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skipped"
+#: The ``tool`` field of a JSON check report: ``check --out`` replaces only a file that carries it.
+REPORT_TOOL = "critic-audit check"
 #: Status of a check, worst last (``skipped`` ranks below ``pass``: it says nothing).
 STATUSES = (SKIP, PASS, WARN, FAIL)
 #: How many rewards a turn may carry: ``turn`` (at most one per turn), ``outcome`` (at most one per
@@ -158,7 +160,11 @@ class CheckReport:
         return {s: sum(c.status == s for c in self.checks) for s in (FAIL, WARN, PASS, SKIP)}
 
     def as_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "n_trajectories": self.n_trajectories,
+        """The JSON report; ``tool`` (:data:`REPORT_TOOL`) marks a file as one ``check`` wrote."""
+        from critic_audit import __version__
+
+        return {"tool": REPORT_TOOL, "version": __version__, "status": self.status,
+                "n_trajectories": self.n_trajectories,
                 "checks_by_status": self.counts_by_status(), "checks": [c.as_dict() for c in self.checks],
                 "notes": list(self.notes), "config": dict(self.config)}
 
