@@ -247,6 +247,25 @@ def test_mask_boundaries_hole_and_spill(tokenizer):
     assert by_id(run_checks(rs), "mask_boundaries").status == "skipped"  # no tokenizer
 
 
+def test_a_tokenizer_that_does_not_match_the_ids_skips_every_template_check(tokenizer):
+    _, ids, mask = rendered(tokenizer)
+    mk = turn_markers(tokenizer)[0]
+    other = (ids + 3) % len(tokenizer)  # the same rollout under another tokenizer's ids
+    ends = np.flatnonzero(mask)[[2, 9]]
+    other[ends] = mk.end[0]  # two of its ids happen to be this template's end-of-turn id
+    assert not expected_turns(other, mk) and not np.isin(other[ends + 1], mk.glue).any()
+    rs = [rollout("other", other, mask)]
+    rep = run_checks(rs, tokenizer=tokenizer)
+    for cid in ("mask_boundaries", "turn_separators", "truncation", "empty_turns", "retokenization"):
+        c = by_id(rep, cid)
+        assert c.status == "skipped", (cid, c.summary)
+        assert c.reason == ("the template's turn tokens appear in none of the 1 rollouts with token ids: the "
+                            "tokenizer does not match these token ids"), cid
+    # the matching tokenizer still checks them
+    ok = run_checks([rollout("ok", ids, mask)], tokenizer=tokenizer)
+    assert [by_id(ok, c).status for c in ("mask_boundaries", "turn_separators", "truncation")] == ["pass"] * 3
+
+
 def test_turn_separators_dropped_newline(tokenizer):
     _, ids, mask = rendered(tokenizer)
     mk = turn_markers(tokenizer)[0]
@@ -273,10 +292,12 @@ def test_empty_turns_in_messages_and_tokens(tokenizer, tmp_path):
     assert c.status == "warn"
     assert c.counts == {"trajectories_checked": 2, "turns_checked": 5, "empty_turns": 1, "trajectories": 1}
     assert (c.examples[0].trajectory_id, c.examples[0].turn) == ("t0", 1)
-    end = turn_markers(tokenizer)[0].end[0]
-    only_end = rollout("tok", [5, 6, end, 7, 40, 41, end], [0, 0, 1, 0, 1, 1, 1])  # turn 0 is just <|im_end|>
+    mk = turn_markers(tokenizer)[0]
+    end, h = mk.end[0], list(mk.header)
+    only_end = rollout("tok", [5, *h, end, 7, *h, 40, 41, end],  # turn 0 is just <|im_end|>
+                       [0] * (1 + len(h)) + [1, 0] + [0] * len(h) + [1, 1, 1])
     c2 = by_id(run_checks([only_end], tokenizer=tokenizer), "empty_turns")
-    assert (c2.status, c2.counts["empty_turns"], c2.examples[0].position) == ("warn", 1, 2)
+    assert (c2.status, c2.counts["empty_turns"], c2.examples[0].position) == ("warn", 1, 1 + len(h))
     p.write_text(json.dumps(recs[1:]))
     assert by_id(check_rollouts([p]), "empty_turns").status == "pass"
 

@@ -184,13 +184,17 @@ class CheckReport:
 
 @dataclasses.dataclass
 class CheckContext:
-    """What the checks share: config, and (with a tokenizer) the template's turn markers."""
+    """What the checks share: config, and (with a tokenizer) the template's turn markers (None, with
+    ``markers_reason``, when there are none or the tokenizer does not match the data: ``mismatch``)."""
 
     config: CheckConfig
     tokenizer: Any = None
     chat_template: str | None = None
     markers: TurnMarkers | None = None
     markers_reason: str = "needs --tokenizer (the chat template's turn tokens)"
+    #: why the tokenizer was judged not to be the one of these token ids (None: no such judgement);
+    #: every check that reads the template or decodes the data's ids then skips with this reason
+    mismatch: str | None = None
 
     def decode(self, token_id: int) -> str:
         if self.tokenizer is None:
