@@ -536,6 +536,13 @@ def check(
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         _fail(e)
         return
+    skipped, files = report.input.get("skipped") or {}, report.input.get("skipped_files") or {}
+    if skipped:
+        err.print(f"skipped {sum(skipped.values())} bad record(s): "
+                  + ", ".join(f"{k}: {v}" for k, v in skipped.items()) + " (report input.skipped_examples)", soft_wrap=True)
+    if files:
+        err.print(f"skipped {sum(files.values())} file(s) that hold no rollouts (report input.skipped_file_examples)",
+                  soft_wrap=True)
     if as_json:
         sys.stdout.write(json.dumps(report.as_dict(), indent=2, default=str) + "\n")
     else:

@@ -570,6 +570,30 @@ def test_cli_check_out_never_replaces_a_file_it_did_not_write(tmp_path, monkeypa
         assert len(res.output.strip().splitlines()) == 1
 
 
+def test_cli_check_reports_skipped_files_and_records(tmp_path):
+    root = _nemo_tree(tmp_path / "Gym", {"tau2": [(0, 1.0), (0, 0.0)]})
+    (root / "resources_servers" / "tau2" / "notes.txt").write_text("todo: more seeds\n")
+    (root / "resources_servers" / "tau2" / "config.json").write_text(json.dumps({"seed": 1}))
+    res = runner.invoke(app, ["check", str(root), "--json"])
+    assert res.exit_code == 0, res.output
+    assert "skipped 2 file(s) that hold no rollouts" in res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["n_trajectories"] == 2 and doc["input"]["skipped_files"] == {"not_rollout_file": 2}
+    note = next(n for n in doc["notes"] if "file(s)" in n)
+    assert note.startswith("skipped 2 file(s) that hold no rollouts: not_rollout_file: 2 (e.g. ")
+    assert "notes.txt" in note and "config.json" in note
+    # a bad record in lenient mode: a note and a stderr line
+    rows = write_jsonl(tmp_path / "rows.jsonl", [row("ok", MASK)])
+    with open(rows, "a") as fh:
+        fh.write("{not json\n")
+    res = runner.invoke(app, ["check", str(rows), "--lenient", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "skipped 1 bad record(s)" in res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["n_trajectories"] == 1 and doc["input"]["skipped_total"] == 1
+    assert any(n.startswith("skipped 1 bad record(s): ") and "(e.g. " in n for n in doc["notes"])
+
+
 @pytest.mark.parametrize("turns", [1, 2, 4])
 @pytest.mark.parametrize("tool", [True, False])
 def test_no_false_alarm_on_correctly_built_rollouts(tokenizer, turns, tool):

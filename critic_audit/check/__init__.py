@@ -66,10 +66,7 @@ def check_rollouts(
     report = ReadReport()
     rollouts = load_rollouts(inputs, read_options=read_options, tokenizer=tok,
                              tokenize_config=TokenizeConfig(chat_template=chat_template), report=report)
-    notes = []
-    if report.skipped:
-        notes.append(f"skipped {sum(report.skipped.values())} bad record(s): "
-                     + ", ".join(f"{k}: {v}" for k, v in sorted(report.skipped.items())))
+    notes = _skip_notes(report)
     if policy is not None:
         from critic_audit.check.policy import apply_policy
 
@@ -79,7 +76,25 @@ def check_rollouts(
     res.config.update(inputs=[str(p) for p in inputs], formats=dict(report.formats),
                       tokenizer=None if tok_path is None else str(tok_path),
                       policy=None if policy is None else str(policy))
+    res.input = report.as_dict()
     return res
+
+
+def _skip_notes(report: Any) -> list[str]:
+    """Notes on what the readers passed over: bad records (lenient mode) and files that hold no
+    rollouts, with the first example of each reason."""
+    notes = []
+    if report.skipped:
+        first = next(iter(report.examples.values()), "")
+        notes.append(f"skipped {sum(report.skipped.values())} bad record(s): "
+                     + ", ".join(f"{k}: {v}" for k, v in sorted(report.skipped.items()))
+                     + (f" (e.g. {first})" if first else ""))
+    if report.skipped_files:
+        examples = [p for ps in report.skipped_file_examples.values() for p in ps][:3]
+        notes.append(f"skipped {sum(report.skipped_files.values())} file(s) that hold no rollouts: "
+                     + ", ".join(f"{k}: {v}" for k, v in sorted(report.skipped_files.items()))
+                     + (f" (e.g. {', '.join(examples)})" if examples else ""))
+    return notes
 
 
 def _load_tokenizer(path: Path, trust_remote_code: bool) -> Any:

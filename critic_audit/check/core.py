@@ -144,12 +144,15 @@ class CheckReport:
         n_trajectories: B, the rollouts read.
         notes: caveats that apply to the whole run (e.g. the trainer log-probs were recomputed).
         config: the :class:`CheckConfig` used, as a dict.
+        input: what the readers did (:meth:`critic_audit.io.records.ReadReport.as_dict`: formats,
+            records and files skipped, with examples); empty for rollouts not read from files.
     """
 
     checks: list[CheckOutcome]
     n_trajectories: int
     notes: list[str] = dataclasses.field(default_factory=list)
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    input: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -166,7 +169,7 @@ class CheckReport:
         return {"tool": REPORT_TOOL, "version": __version__, "status": self.status,
                 "n_trajectories": self.n_trajectories,
                 "checks_by_status": self.counts_by_status(), "checks": [c.as_dict() for c in self.checks],
-                "notes": list(self.notes), "config": dict(self.config)}
+                "notes": list(self.notes), "config": dict(self.config), "input": dict(self.input)}
 
     def metrics(self, prefix: str = "critic_audit/check") -> dict[str, float]:
         """Flat float metrics for a training logger: ``{prefix}/{id}/status`` (0 pass, 1 warn, 2 fail;
