@@ -539,7 +539,8 @@ def check(
     skipped, files = report.input.get("skipped") or {}, report.input.get("skipped_files") or {}
     if skipped:
         err.print(f"skipped {sum(skipped.values())} bad record(s): "
-                  + ", ".join(f"{k}: {v}" for k, v in skipped.items()) + " (report input.skipped_examples)", soft_wrap=True)
+                  + ", ".join(f"{k}: {v}" for k, v in skipped.items()) + " (report input.skipped_examples)",
+                  soft_wrap=True)
     if files:
         err.print(f"skipped {sum(files.values())} file(s) that hold no rollouts (report input.skipped_file_examples)",
                   soft_wrap=True)

@@ -152,7 +152,8 @@ def check_report_path(path: str | Path, *, overwrite: bool = False, option: str 
 
     raw = str(path)
     if raw.strip() in ("", "."):
-        raise ConfigError(f"{option} {raw!r} is not a file name", fix=f"pass the report's file, e.g. {option} check.json")
+        raise ConfigError(f"{option} {raw!r} is not a file name",
+                          fix=f"pass the report's file, e.g. {option} check.json")
     if os.path.isdir(os.path.expanduser(raw)):  # before check_out_path, whose lines speak of folders
         raise ConfigError(f"{option} {raw} is a folder; the report is one JSON file",
                           fix=f"pass a file name, e.g. {option} {Path(raw) / 'check.json'}")
@@ -177,4 +178,5 @@ def write_report(report: CheckReport, path: str | Path, *, overwrite: bool = Fal
     try:
         return atomic_write_text(p, json.dumps(report.as_dict(), indent=2, default=str) + "\n")
     except OSError as e:
-        raise ConfigError(f"cannot write the report ({e.strerror or e})", path=p, fix="choose a writable path") from None
+        raise ConfigError(f"cannot write the report ({e.strerror or e})", path=p,
+                          fix="choose a writable path") from None

@@ -21,7 +21,8 @@ from critic_audit.check.data import CheckRollout
 from critic_audit.check.markers import TurnMarkers
 from critic_audit.errors import ConfigError
 
-__all__ = ["CheckConfig", "CheckContext", "CheckOutcome", "CheckReport", "Example", "REWARD_LAYOUTS", "REPORT_TOOL", "STATUSES",
+__all__ = ["CheckConfig", "CheckContext", "CheckOutcome", "CheckReport", "Example", "REWARD_LAYOUTS", "REPORT_TOOL",
+           "STATUSES",
            "PASS", "WARN", "FAIL", "SKIP"]
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skipped"

@@ -198,7 +198,8 @@ def _from_sequence(seq: Any) -> CheckRollout:
                      response_mask=np.asarray(seq.response_mask, dtype=bool),
                      token_rewards=arrays.get("token_rewards"), sampler_log_probs=arrays.get("rollout_log_probs"),
                      trainer_log_probs=arrays.get("old_log_probs"), returns=arrays.get("returns"),
-                     rewards_on_padding=int(meta.get("rewards_on_padding", 0) or 0), source=seq.trajectory_id, collection=seq.source)
+                     rewards_on_padding=int(meta.get("rewards_on_padding", 0) or 0), source=seq.trajectory_id,
+                     collection=seq.source)
     _from_meta(r, meta)
     if r.turn_rewards is None and r.token_rewards is not None and r.reward is not None \
             and meta.get("token_rewards_field") in ("token_level_rewards", "token_level_scores"):

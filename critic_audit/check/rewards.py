@@ -142,7 +142,8 @@ def check_groups_all_equal(rollouts: Sequence[CheckRollout], ctx: CheckContext) 
     counts = {"groups_checked": len(multi), "groups_all_equal": len(equal), "trajectories_dropped": n_rows,
               "trajectories_checked": len(rows), "singleton_groups": len(groups) - len(multi)}
     measured = {"share_of_groups": _share(len(equal), len(multi)), "share_of_trajectories": _share(n_rows, len(rows))}
-    ex = [Example(multi[g][0].trajectory_id, None, None, f"group {group_name(g)}: {len(multi[g])} rollouts, every reward "
+    ex = [Example(multi[g][0].trajectory_id, None, None,
+                  f"group {group_name(g)}: {len(multi[g])} rollouts, every reward "
                   f"{_fmt(multi[g][0].reward)}", float(len(multi[g]))) for g in equal]
     summary = f"{len(equal)} of {len(multi)} groups have all-equal rewards; DAPO's filter would drop {n_rows} of " \
               f"{len(rows)} trajectories"
