@@ -31,6 +31,9 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 DEBUG_ENV = "CRITIC_AUDIT_DEBUG"
+#: ``check``'s exit status when a fail-level check fires (or, with --strict, a warning); distinct from 1
+#: (a user error) and 2 (click's usage errors: unknown option, missing argument, bad number).
+CHECK_FINDINGS_EXIT = 3
 
 # Reusable option aliases (help text stays consistent across commands).
 Inputs = Annotated[list[Path], typer.Argument(help="Rollout files or folders (OpenAI chat JSON/JSONL), or canonical-table folders.", show_default=False)]
@@ -492,8 +495,9 @@ def check(
     weight_floor: Annotated[float, typer.Option(help="A product importance weight below this (or above its inverse) has collapsed; 0 disables.")] = 0.1,
     examples: Annotated[int, typer.Option(help="Worst examples kept per check.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
-    report_out: Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON report to this file (atomically).")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit non-zero on warnings too.")] = False,
+    report_out: Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON report to this file (atomically; an existing file is replaced only when it is a check report, or with --overwrite).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Let --out replace an existing file that is not a check report.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 3 on warnings too (as on a failed check).")] = False,
     input_format: Annotated[str, typer.Option("--format", help=format_help())] = "auto",
     lenient: Annotated[bool, typer.Option("--lenient", help="Skip bad records (counted in the report notes).")] = False,
     chat_template: ChatTemplate = None,
@@ -506,13 +510,19 @@ def check(
     token_budget: TokenBudget = 16384,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
-    """Check rollouts for credit-assignment bugs (no critic): exit 2 when a fail-level check fires (docs/check.md)."""
+    """Check rollouts for credit-assignment bugs (no critic; docs/check.md).
+
+    Exit status: 0 no check fails; 3 a fail-level check fired (--strict: a warning too); 1 a user error
+    (bad path, bad input, bad value); 2 a usage error (unknown option, missing argument).
+    """
     try:
-        from critic_audit.check import CheckConfig, check_rollouts, write_report
+        from critic_audit.check import CheckConfig, check_report_path, check_rollouts, write_report
         from critic_audit.io.records import ReadOptions
 
         cfg = CheckConfig(reward_layout=reward_layout, max_turn_tokens=max_turn_tokens, weight_floor=weight_floor,
                           examples=examples)
+        if report_out is not None:  # refuse a bad --out before the run, not after it
+            check_report_path(report_out, overwrite=overwrite)
         read_opts = ReadOptions(format=input_format, messages_key=messages_key, reward_key=reward_key, id_key=id_key,
                                 group_key=group_key, require_reward=False, lenient=lenient)
         report = check_rollouts(inputs, cfg, read_options=read_opts,
@@ -520,12 +530,20 @@ def check(
                                 device=device, dtype=dtype, token_budget=token_budget,
                                 trust_remote_code=trust_remote_code)
         if report_out is not None:
-            write_report(report, report_out)
+            write_report(report, report_out, overwrite=overwrite)
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         _fail(e)
         return
+    skipped, files = report.input.get("skipped") or {}, report.input.get("skipped_files") or {}
+    if skipped:
+        err.print(f"skipped {sum(skipped.values())} bad record(s): "
+                  + ", ".join(f"{k}: {v}" for k, v in skipped.items()) + " (report input.skipped_examples)",
+                  soft_wrap=True)
+    if files:
+        err.print(f"skipped {sum(files.values())} file(s) that hold no rollouts (report input.skipped_file_examples)",
+                  soft_wrap=True)
     if as_json:
         sys.stdout.write(json.dumps(report.as_dict(), indent=2, default=str) + "\n")
     else:
@@ -547,7 +565,7 @@ def check(
         if report_out is not None:
             out.print(f"wrote {report_out}")
     if report.status == "fail" or (strict and report.status == "warn"):
-        raise typer.Exit(2)
+        raise typer.Exit(CHECK_FINDINGS_EXIT)
 
 
 @app.command()

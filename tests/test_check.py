@@ -164,6 +164,37 @@ def test_groups_all_equal_and_the_dapo_share():
     assert by_id(run_checks(rs[2:4]), "groups_all_equal").status == "pass"
 
 
+def _nemo_tree(root, rewards):
+    """resources_servers/<env>/data/example_rollouts.jsonl per env; rewards: env -> [(group, reward)]
+    (NeMo Gym's _ng_task_index numbers the groups 0, 1, ... in every environment)."""
+    from test_io_formats import nemo_record
+
+    for env, rs in rewards.items():
+        recs = []
+        for i, (g, rew) in enumerate(rs):
+            r = nemo_record(i, rew)
+            del r["task_index"]
+            r["_ng_task_index"] = g
+            recs.append(r)
+        (root / "resources_servers" / env / "data").mkdir(parents=True)
+        write_jsonl(root / "resources_servers" / env / "data" / "example_rollouts.jsonl", recs)
+    return root
+
+
+def test_groups_of_two_collections_with_the_same_ids_are_not_pooled(tmp_path):
+    # tau2's group 0 has a spread; sokoban's group 0 is all-equal: pooled by id alone they would hide it
+    root = _nemo_tree(tmp_path / "Gym", {"tau2": [(0, 1.0), (0, 0.0), (1, 1.0)], "sokoban": [(0, 1.0), (0, 1.0)]})
+    rep = check_rollouts([root])
+    c = by_id(rep, "groups_all_equal")
+    assert c.status == "warn"
+    assert c.counts == {"groups_checked": 2, "groups_all_equal": 1, "trajectories_dropped": 2,
+                        "trajectories_checked": 4, "singleton_groups": 1}
+    assert c.examples[0].detail == "group sokoban/0: 2 rollouts, every reward 1"
+    # every group check keys by (collection, group id)
+    t = by_id(rep, "turns_per_group")
+    assert t.counts["groups_checked"] == 2 and t.counts["trajectories_checked"] == 4
+
+
 def test_returns_reset_across_a_tool_span(tmp_path):
     reset = [0, 0, 0, 0, 0, 0, 1, 1]  # verl #7278: the return stops at the observation
     carried = [0, 0, 1, 1, 0, 0, 1, 1]
@@ -216,6 +247,25 @@ def test_mask_boundaries_hole_and_spill(tokenizer):
     assert by_id(run_checks(rs), "mask_boundaries").status == "skipped"  # no tokenizer
 
 
+def test_a_tokenizer_that_does_not_match_the_ids_skips_every_template_check(tokenizer):
+    _, ids, mask = rendered(tokenizer)
+    mk = turn_markers(tokenizer)[0]
+    other = (ids + 3) % len(tokenizer)  # the same rollout under another tokenizer's ids
+    ends = np.flatnonzero(mask)[[2, 9]]
+    other[ends] = mk.end[0]  # two of its ids happen to be this template's end-of-turn id
+    assert not expected_turns(other, mk) and not np.isin(other[ends + 1], mk.glue).any()
+    rs = [rollout("other", other, mask)]
+    rep = run_checks(rs, tokenizer=tokenizer)
+    for cid in ("mask_boundaries", "turn_separators", "truncation", "empty_turns", "retokenization"):
+        c = by_id(rep, cid)
+        assert c.status == "skipped", (cid, c.summary)
+        assert c.reason == ("the template's turn tokens appear in none of the 1 rollouts with token ids: the "
+                            "tokenizer does not match these token ids"), cid
+    # the matching tokenizer still checks them
+    ok = run_checks([rollout("ok", ids, mask)], tokenizer=tokenizer)
+    assert [by_id(ok, c).status for c in ("mask_boundaries", "turn_separators", "truncation")] == ["pass"] * 3
+
+
 def test_turn_separators_dropped_newline(tokenizer):
     _, ids, mask = rendered(tokenizer)
     mk = turn_markers(tokenizer)[0]
@@ -242,10 +292,12 @@ def test_empty_turns_in_messages_and_tokens(tokenizer, tmp_path):
     assert c.status == "warn"
     assert c.counts == {"trajectories_checked": 2, "turns_checked": 5, "empty_turns": 1, "trajectories": 1}
     assert (c.examples[0].trajectory_id, c.examples[0].turn) == ("t0", 1)
-    end = turn_markers(tokenizer)[0].end[0]
-    only_end = rollout("tok", [5, 6, end, 7, 40, 41, end], [0, 0, 1, 0, 1, 1, 1])  # turn 0 is just <|im_end|>
+    mk = turn_markers(tokenizer)[0]
+    end, h = mk.end[0], list(mk.header)
+    only_end = rollout("tok", [5, *h, end, 7, *h, 40, 41, end],  # turn 0 is just <|im_end|>
+                       [0] * (1 + len(h)) + [1, 0] + [0] * len(h) + [1, 1, 1])
     c2 = by_id(run_checks([only_end], tokenizer=tokenizer), "empty_turns")
-    assert (c2.status, c2.counts["empty_turns"], c2.examples[0].position) == ("warn", 1, 2)
+    assert (c2.status, c2.counts["empty_turns"], c2.examples[0].position) == ("warn", 1, 1 + len(h))
     p.write_text(json.dumps(recs[1:]))
     assert by_id(check_rollouts([p]), "empty_turns").status == "pass"
 
@@ -459,7 +511,7 @@ def test_check_verl_batch_metrics():
 def test_cli_check_exit_status_json_and_report(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [row("bad", MASK, token_level_rewards=[0, 0, 0, 0, 0, 1.0, 0, 0])])
     res = runner.invoke(app, ["check", str(bad), "--json", "--out", str(tmp_path / "report.json")])
-    assert res.exit_code == 2, res.output
+    assert res.exit_code == 3, res.output  # a finding: 3, never click's 2 (usage) nor 1 (user error)
     doc = json.loads(res.stdout)
     assert doc["status"] == "fail" and doc["n_trajectories"] == 1
     assert json.loads((tmp_path / "report.json").read_text()) == doc
@@ -472,11 +524,74 @@ def test_cli_check_exit_status_json_and_report(tmp_path):
     assert "reward_on_masked_token" in res.stdout and "overall pass" in res.stdout
     truncated = write_jsonl(tmp_path / "t.jsonl", [row("t", MASK, finish_reason="length")])
     assert runner.invoke(app, ["check", str(truncated)]).exit_code == 0  # a warning
-    assert runner.invoke(app, ["check", str(truncated), "--strict"]).exit_code == 2
+    assert runner.invoke(app, ["check", str(truncated), "--strict"]).exit_code == 3
     res = runner.invoke(app, ["check", str(tmp_path / "missing.jsonl")])
     assert res.exit_code == 1 and "no such file" in res.output and "Traceback" not in res.output
     res = runner.invoke(app, ["check", str(good), "--reward-layout", "bogus"])
     assert res.exit_code == 1 and "unknown reward layout" in res.output
+
+
+def test_cli_check_exit_codes_tell_findings_from_usage_and_user_errors(tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [row("bad", MASK, token_level_rewards=[0, 0, 0, 0, 0, 1.0, 0, 0])])
+    assert runner.invoke(app, ["check", str(bad)]).exit_code == 3  # a fail-level finding
+    # usage errors (click): an unknown option, a missing argument, a non-number for a number
+    assert runner.invoke(app, ["check", str(bad), "--stirct"]).exit_code == 2
+    assert runner.invoke(app, ["check"]).exit_code == 2
+    assert runner.invoke(app, ["check", str(bad), "--examples", "many"]).exit_code == 2
+    # user errors: a missing file, a bad value
+    assert runner.invoke(app, ["check", str(tmp_path / "nope.jsonl")]).exit_code == 1
+    assert runner.invoke(app, ["check", str(bad), "--weight-floor", "2"]).exit_code == 1
+    res = runner.invoke(app, ["check", "--help"])
+    assert res.exit_code == 0 and "3 a fail-level check fired" in " ".join(res.output.split())
+
+
+def test_cli_check_out_never_replaces_a_file_it_did_not_write(tmp_path, monkeypatch):
+    good = write_jsonl(tmp_path / "good.jsonl", [row("g", MASK, token_level_rewards=[0, 0, 0, 0, 0, 0, 0, 1.0])])
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "notes"}\n')
+    res = runner.invoke(app, ["check", str(good), "--out", str(mine)])
+    assert res.exit_code == 1 and "is not a report critic-audit check wrote" in res.output and "--overwrite" in res.output
+    assert mine.read_text() == '{"my": "notes"}\n'  # untouched
+    # a previous report is replaced (its tool marker); --overwrite replaces any file
+    rep = tmp_path / "check.json"
+    assert runner.invoke(app, ["check", str(good), "--out", str(rep)]).exit_code == 0
+    doc = json.loads(rep.read_text())
+    assert doc["tool"] == "critic-audit check" and doc["status"] == "pass"
+    assert runner.invoke(app, ["check", str(good), "--out", str(rep)]).exit_code == 0
+    assert runner.invoke(app, ["check", str(good), "--out", str(mine), "--overwrite"]).exit_code == 0
+    assert json.loads(mine.read_text())["tool"] == "critic-audit check"
+    # folders, the root, an empty path: one clean line each, nothing unexpected
+    monkeypatch.chdir(tmp_path)
+    for bad, says in ((str(tmp_path), "is a folder; the report is one JSON file"), ("/", "is a folder"),
+                      ("", "is not a file name")):
+        res = runner.invoke(app, ["check", str(good), "--out", bad])
+        assert res.exit_code == 1, (bad, res.output)
+        assert says in res.output and "unexpected" not in res.output and "Errno" not in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1
+
+
+def test_cli_check_reports_skipped_files_and_records(tmp_path):
+    root = _nemo_tree(tmp_path / "Gym", {"tau2": [(0, 1.0), (0, 0.0)]})
+    (root / "resources_servers" / "tau2" / "notes.txt").write_text("todo: more seeds\n")
+    (root / "resources_servers" / "tau2" / "config.json").write_text(json.dumps({"seed": 1}))
+    res = runner.invoke(app, ["check", str(root), "--json"])
+    assert res.exit_code == 0, res.output
+    assert "skipped 2 file(s) that hold no rollouts" in res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["n_trajectories"] == 2 and doc["input"]["skipped_files"] == {"not_rollout_file": 2}
+    note = next(n for n in doc["notes"] if "file(s)" in n)
+    assert note.startswith("skipped 2 file(s) that hold no rollouts: not_rollout_file: 2 (e.g. ")
+    assert "notes.txt" in note and "config.json" in note
+    # a bad record in lenient mode: a note and a stderr line
+    rows = write_jsonl(tmp_path / "rows.jsonl", [row("ok", MASK)])
+    with open(rows, "a") as fh:
+        fh.write("{not json\n")
+    res = runner.invoke(app, ["check", str(rows), "--lenient", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "skipped 1 bad record(s)" in res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["n_trajectories"] == 1 and doc["input"]["skipped_total"] == 1
+    assert any(n.startswith("skipped 1 bad record(s): ") and "(e.g. " in n for n in doc["notes"])
 
 
 @pytest.mark.parametrize("turns", [1, 2, 4])

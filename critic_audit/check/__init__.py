@@ -11,6 +11,7 @@ Library only (no typer / rich); the CLI's ``check`` command and the verl plugin 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from critic_audit.check.data import CheckRollout, load_rollouts, rollouts_from_v
 
 __all__ = ["CHECKS", "STATUSES", "REWARD_LAYOUTS", "CheckConfig", "CheckOutcome", "CheckReport", "CheckRollout",
            "Example", "check_rollouts", "check_verl_batch", "load_rollouts", "rollouts_from_verl_batch",
-           "run_checks", "write_report"]
+           "check_report_path", "run_checks", "write_report"]
 
 
 def check_rollouts(
@@ -65,10 +66,7 @@ def check_rollouts(
     report = ReadReport()
     rollouts = load_rollouts(inputs, read_options=read_options, tokenizer=tok,
                              tokenize_config=TokenizeConfig(chat_template=chat_template), report=report)
-    notes = []
-    if report.skipped:
-        notes.append(f"skipped {sum(report.skipped.values())} bad record(s): "
-                     + ", ".join(f"{k}: {v}" for k, v in sorted(report.skipped.items())))
+    notes = _skip_notes(report)
     if policy is not None:
         from critic_audit.check.policy import apply_policy
 
@@ -78,7 +76,25 @@ def check_rollouts(
     res.config.update(inputs=[str(p) for p in inputs], formats=dict(report.formats),
                       tokenizer=None if tok_path is None else str(tok_path),
                       policy=None if policy is None else str(policy))
+    res.input = report.as_dict()
     return res
+
+
+def _skip_notes(report: Any) -> list[str]:
+    """Notes on what the readers passed over: bad records (lenient mode) and files that hold no
+    rollouts, with the first example of each reason."""
+    notes = []
+    if report.skipped:
+        first = next(iter(report.examples.values()), "")
+        notes.append(f"skipped {sum(report.skipped.values())} bad record(s): "
+                     + ", ".join(f"{k}: {v}" for k, v in sorted(report.skipped.items()))
+                     + (f" (e.g. {first})" if first else ""))
+    if report.skipped_files:
+        examples = [p for ps in report.skipped_file_examples.values() for p in ps][:3]
+        notes.append(f"skipped {sum(report.skipped_files.values())} file(s) that hold no rollouts: "
+                     + ", ".join(f"{k}: {v}" for k, v in sorted(report.skipped_files.items()))
+                     + (f" (e.g. {', '.join(examples)})" if examples else ""))
+    return notes
 
 
 def _load_tokenizer(path: Path, trust_remote_code: bool) -> Any:
@@ -106,12 +122,61 @@ def check_verl_batch(batch: Any, config: CheckConfig | None = None) -> CheckRepo
     return run_checks(rollouts_from_verl_batch(batch), config)
 
 
-def write_report(report: CheckReport, path: str | Path) -> Path:
-    """Write ``report`` as JSON to ``path`` atomically (a reader never sees half a file).
+def _is_check_report(path: Path) -> bool:
+    """``path`` holds a JSON report this command wrote (its ``tool`` field, or the report's own keys in
+    one written before the field existed)."""
+    from critic_audit.check.core import REPORT_TOOL
+
+    try:
+        with open(path, "rb") as fh:
+            doc = json.loads(fh.read(64 << 20))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(doc, dict):
+        return False
+    return doc.get("tool") == REPORT_TOOL or (
+        "tool" not in doc and {"status", "n_trajectories", "checks_by_status", "checks", "config"} <= doc.keys())
+
+
+def check_report_path(path: str | Path, *, overwrite: bool = False, option: str = "--out") -> Path:
+    """``path`` resolved, or a clean refusal: the report is one file, and a file ``check`` did not
+    write is never replaced unless ``overwrite``.
 
     Raises:
-        InputError: the folder cannot be created or written.
+        ConfigError: an empty path, ``.``, ``/``, the home or current folder (or a parent of them), a
+            symlink loop, an existing folder, or an existing file that is not a check report (without
+            ``overwrite``).
     """
-    from critic_audit.io.common import write_text_atomic
+    from critic_audit.errors import ConfigError
+    from critic_audit.outputs import check_out_path
 
-    return write_text_atomic(json.dumps(report.as_dict(), indent=2, default=str) + "\n", path)
+    raw = str(path)
+    if raw.strip() in ("", "."):
+        raise ConfigError(f"{option} {raw!r} is not a file name",
+                          fix=f"pass the report's file, e.g. {option} check.json")
+    if os.path.isdir(os.path.expanduser(raw)):  # before check_out_path, whose lines speak of folders
+        raise ConfigError(f"{option} {raw} is a folder; the report is one JSON file",
+                          fix=f"pass a file name, e.g. {option} {Path(raw) / 'check.json'}")
+    p = check_out_path(raw, option=option)
+    if p.exists() and not overwrite and not _is_check_report(p):
+        raise ConfigError(f"{option} {raw} exists and is not a report critic-audit check wrote; it is left alone",
+                          fix="pass another file name, or --overwrite to replace it")
+    return p
+
+
+def write_report(report: CheckReport, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write ``report`` as JSON to ``path`` atomically (a reader never sees half a file). An existing
+    file is replaced only when it is a previous check report (its ``tool`` field) or ``overwrite``.
+
+    Raises:
+        ConfigError: a path :func:`check_report_path` refuses, or a folder that cannot be written.
+    """
+    from critic_audit.errors import ConfigError
+    from critic_audit.outputs import atomic_write_text
+
+    p = check_report_path(path, overwrite=overwrite)
+    try:
+        return atomic_write_text(p, json.dumps(report.as_dict(), indent=2, default=str) + "\n")
+    except OSError as e:
+        raise ConfigError(f"cannot write the report ({e.strerror or e})", path=p,
+                          fix="choose a writable path") from None

@@ -17,7 +17,7 @@ from critic_audit.check.core import (
 from critic_audit.check.data import CheckRollout
 from critic_audit.check.groups import check_turn_length_inequality, check_turns_per_group
 from critic_audit.check.logprobs import check_logprob_mismatch
-from critic_audit.check.markers import turn_markers
+from critic_audit.check.markers import expected_turns, turn_markers
 from critic_audit.check.masks import (
     check_empty_turns, check_mask_boundaries, check_retokenization, check_truncation, check_turn_length_limit,
     check_turn_separators,
@@ -55,7 +55,10 @@ def run_checks(rollouts: Sequence[CheckRollout], config: CheckConfig | None = No
         notes: caveats carried into the report.
 
     A tokenizer whose template cannot render the probe exchange or the rollouts' messages skips the
-    checks that need it (with the reason); it raises nothing.
+    checks that need it (with the reason); it raises nothing. So does a tokenizer that is not the
+    data's: when the template's assistant header appears in none of the rollouts that carry their own
+    token ids, every template-based check (mask boundaries, separators, the end-token truncation test,
+    empty turns decoded from ids, re-tokenization) skips with that reason.
     """
     cfg = config or CheckConfig()
     ctx = CheckContext(cfg, tokenizer, chat_template)
@@ -64,4 +67,18 @@ def run_checks(rollouts: Sequence[CheckRollout], config: CheckConfig | None = No
             ctx.markers, ctx.markers_reason = turn_markers(tokenizer, chat_template)
         except TemplateError as e:  # a template that cannot render the probe: the other checks still run
             ctx.markers, ctx.markers_reason = None, f"the chat template cannot render a probe exchange ({e.problem})"
+        _judge_tokenizer(rollouts, ctx)
     return CheckReport([fn(rollouts, ctx) for fn in CHECKS], len(rollouts), list(notes), dataclasses.asdict(cfg))
+
+
+def _judge_tokenizer(rollouts: Sequence[CheckRollout], ctx: CheckContext) -> None:
+    """Mark ``ctx`` as a mismatch when the template's turns appear in none of the rollouts with token
+    ids of their own (ids the template made are left out: they match it by construction)."""
+    if ctx.markers is None:
+        return
+    own = [r for r in rollouts if r.token_ids is not None and not r.mask_from_template
+           and (r.response_mask is None or bool(r.response_mask.any()))]
+    if own and not any(expected_turns(r.token_ids, ctx.markers) for r in own):
+        ctx.mismatch = (f"the template's turn tokens appear in none of the {len(own)} rollouts with token ids: "
+                        "the tokenizer does not match these token ids")
+        ctx.markers, ctx.markers_reason = None, ctx.mismatch

@@ -21,10 +21,13 @@ from critic_audit.check.data import CheckRollout
 from critic_audit.check.markers import TurnMarkers
 from critic_audit.errors import ConfigError
 
-__all__ = ["CheckConfig", "CheckContext", "CheckOutcome", "CheckReport", "Example", "REWARD_LAYOUTS", "STATUSES",
+__all__ = ["CheckConfig", "CheckContext", "CheckOutcome", "CheckReport", "Example", "REWARD_LAYOUTS", "REPORT_TOOL",
+           "STATUSES",
            "PASS", "WARN", "FAIL", "SKIP"]
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skipped"
+#: The ``tool`` field of a JSON check report: ``check --out`` replaces only a file that carries it.
+REPORT_TOOL = "critic-audit check"
 #: Status of a check, worst last (``skipped`` ranks below ``pass``: it says nothing).
 STATUSES = (SKIP, PASS, WARN, FAIL)
 #: How many rewards a turn may carry: ``turn`` (at most one per turn), ``outcome`` (at most one per
@@ -142,12 +145,15 @@ class CheckReport:
         n_trajectories: B, the rollouts read.
         notes: caveats that apply to the whole run (e.g. the trainer log-probs were recomputed).
         config: the :class:`CheckConfig` used, as a dict.
+        input: what the readers did (:meth:`critic_audit.io.records.ReadReport.as_dict`: formats,
+            records and files skipped, with examples); empty for rollouts not read from files.
     """
 
     checks: list[CheckOutcome]
     n_trajectories: int
     notes: list[str] = dataclasses.field(default_factory=list)
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    input: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -158,9 +164,13 @@ class CheckReport:
         return {s: sum(c.status == s for c in self.checks) for s in (FAIL, WARN, PASS, SKIP)}
 
     def as_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "n_trajectories": self.n_trajectories,
+        """The JSON report; ``tool`` (:data:`REPORT_TOOL`) marks a file as one ``check`` wrote."""
+        from critic_audit import __version__
+
+        return {"tool": REPORT_TOOL, "version": __version__, "status": self.status,
+                "n_trajectories": self.n_trajectories,
                 "checks_by_status": self.counts_by_status(), "checks": [c.as_dict() for c in self.checks],
-                "notes": list(self.notes), "config": dict(self.config)}
+                "notes": list(self.notes), "config": dict(self.config), "input": dict(self.input)}
 
     def metrics(self, prefix: str = "critic_audit/check") -> dict[str, float]:
         """Flat float metrics for a training logger: ``{prefix}/{id}/status`` (0 pass, 1 warn, 2 fail;
@@ -178,13 +188,17 @@ class CheckReport:
 
 @dataclasses.dataclass
 class CheckContext:
-    """What the checks share: config, and (with a tokenizer) the template's turn markers."""
+    """What the checks share: config, and (with a tokenizer) the template's turn markers (None, with
+    ``markers_reason``, when there are none or the tokenizer does not match the data: ``mismatch``)."""
 
     config: CheckConfig
     tokenizer: Any = None
     chat_template: str | None = None
     markers: TurnMarkers | None = None
     markers_reason: str = "needs --tokenizer (the chat template's turn tokens)"
+    #: why the tokenizer was judged not to be the one of these token ids (None: no such judgement);
+    #: every check that reads the template or decodes the data's ids then skips with this reason
+    mismatch: str | None = None
 
     def decode(self, token_id: int) -> str:
         if self.tokenizer is None:
@@ -220,12 +234,19 @@ def _with(rollouts: Sequence[CheckRollout], *fields: str) -> list[CheckRollout]:
     return [r for r in rollouts if all(getattr(r, f) is not None for f in fields)]
 
 
+def group_name(key: tuple[str | None, str]) -> str:
+    """How a group key ``(collection, group_id)`` is shown: ``collection/group_id``, or the id alone."""
+    collection, gid = key
+    return gid if collection is None else f"{collection}/{gid}"
+
+
 def _groups(rollouts: Sequence[CheckRollout], keep: Callable[[CheckRollout], bool]):
-    """``(all groups, groups of >= 2)``: group id -> its rollouts that ``keep`` accepts."""
-    groups: dict[str, list[CheckRollout]] = defaultdict(list)
+    """``(all groups, groups of >= 2)``: ``(collection, group id)`` -> its rollouts that ``keep`` accepts
+    (two collections that both number their groups 0, 1, ... are not pooled)."""
+    groups: dict[tuple[str | None, str], list[CheckRollout]] = defaultdict(list)
     for r in rollouts:
         if r.group_id is not None and keep(r):
-            groups[r.group_id].append(r)
+            groups[(r.collection, r.group_id)].append(r)
     return groups, {g: rs for g, rs in groups.items() if len(rs) >= 2}
 
 

@@ -62,6 +62,9 @@ class CheckRollout:
         empty_turns: assistant turns with no content and no tool call (conversations only).
         rewards_on_padding: non-zero rewards the reader found at padding positions (dropped).
         source: where it was read, for examples.
+        collection: the data set / environment it belongs to (``analyze``'s ``source``: the file's
+            collection, e.g. the NeMo Gym environment); groups are keyed by ``(collection, group_id)``,
+            so two collections that both number their tasks 0, 1, ... are not pooled.
     """
 
     trajectory_id: str
@@ -80,6 +83,7 @@ class CheckRollout:
     empty_turns: list[int] | None = None
     rewards_on_padding: int = 0
     source: str = ""
+    collection: str | None = None
 
     @property
     def turn_ids(self) -> np.ndarray | None:
@@ -169,7 +173,7 @@ def _from_conversations(convs: list[Conversation], tokenizer: Any, tokenize_conf
     out = []
     for c in convs:
         r = CheckRollout(c.trajectory_id, group_id=c.group_id, reward=c.reward, messages=list(c.messages),
-                         source=c.record or c.trajectory_id)
+                         source=c.record or c.trajectory_id, collection=c.source)
         out.append(_from_meta(r, c.metadata))
     if tokenizer is not None and convs:
         from critic_audit.turns import tokenize_conversations
@@ -194,7 +198,8 @@ def _from_sequence(seq: Any) -> CheckRollout:
                      response_mask=np.asarray(seq.response_mask, dtype=bool),
                      token_rewards=arrays.get("token_rewards"), sampler_log_probs=arrays.get("rollout_log_probs"),
                      trainer_log_probs=arrays.get("old_log_probs"), returns=arrays.get("returns"),
-                     rewards_on_padding=int(meta.get("rewards_on_padding", 0) or 0), source=seq.trajectory_id)
+                     rewards_on_padding=int(meta.get("rewards_on_padding", 0) or 0), source=seq.trajectory_id,
+                     collection=seq.source)
     _from_meta(r, meta)
     if r.turn_rewards is None and r.token_rewards is not None and r.reward is not None \
             and meta.get("token_rewards_field") in ("token_level_rewards", "token_level_scores"):
@@ -227,7 +232,8 @@ def _from_tables(trajs: Any, tokens: Any, side: Any) -> list[CheckRollout]:
                          if part["token_id"].null_count() < part.height else None,
                          response_mask=part["response_mask"].fill_null(False).to_numpy().astype(bool),
                          token_rewards=col("token_reward"), sampler_log_probs=col("rollout_log_prob"),
-                         trainer_log_probs=col("old_log_prob"), returns=col("return"), source=tid)
+                         trainer_log_probs=col("old_log_prob"), returns=col("return"), source=tid,
+                         collection=row.get("source"))
         out.append(_from_meta(r, meta if isinstance(meta, Mapping) else {}))
     return out
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from critic_audit.check.core import (
-    PASS, SKIP, WARN, CheckContext, CheckOutcome, Example, _fmt, _median, _groups, _outcome, _with,
+    PASS, SKIP, WARN, CheckContext, CheckOutcome, Example, _fmt, _median, _groups, group_name, _outcome, _with,
 )
 from critic_audit.check.data import CheckRollout
 
@@ -40,7 +40,8 @@ def check_turns_per_group(rollouts: Sequence[CheckRollout], ctx: CheckContext) -
         if rel > ctx.config.baseline_bias_warn:
             flagged += 1
             ex.append(Example(rs[int(np.argmax(kk))].trajectory_id, None, None,
-                              f"group {g}: {int(kk.min())}-{int(kk.max())} turns; per-turn baseline {_fmt(per_turn)} vs "
+                              f"group {group_name(g)}: {int(kk.min())}-{int(kk.max())} turns; per-turn baseline "
+                              f"{_fmt(per_turn)} vs "
                               f"per-trajectory {_fmt(per_traj)} ({100 * rel:.0f}% of the reward range)", rel))
     counts = {"groups_checked": len(multi), "groups_with_unequal_turns": unequal, "groups_biased": flagged,
               "trajectories_checked": sum(len(rs) for rs in multi.values())}

@@ -134,7 +134,8 @@ def check_empty_turns(rollouts: Sequence[CheckRollout], ctx: CheckContext) -> Ch
         if r.empty_turns is not None:
             empty = [(t, None) for t in r.empty_turns]
             n_turns += r.num_turns or 0
-        elif r.token_ids is not None and r.response_mask is not None and ctx.tokenizer is not None:
+        elif r.token_ids is not None and r.response_mask is not None and ctx.tokenizer is not None \
+                and (ctx.mismatch is None or r.mask_from_template):
             k = r.turn_ids
             empty = [(int(t), int(np.flatnonzero(k == t)[0])) for t in np.unique(k[k >= 0])
                      if _run_text_empty(r.token_ids[k == t], ctx)]
@@ -146,7 +147,7 @@ def check_empty_turns(rollouts: Sequence[CheckRollout], ctx: CheckContext) -> Ch
         n_traj += bool(empty)
         ex += [Example(r.trajectory_id, t, p, f"turn {t} has no text and no tool call", 1.0) for t, p in empty]
     if not checked:
-        return make(SKIP, reason="needs messages, or token ids and --tokenizer")
+        return make(SKIP, reason=ctx.mismatch or "needs messages, or token ids and --tokenizer")
     counts = {"trajectories_checked": checked, "turns_checked": n_turns, "empty_turns": n_empty, "trajectories": n_traj}
     if n_empty:
         return make(WARN, summary=f"{n_empty} of {n_turns} turns are empty ({n_traj} trajectories)", counts=counts,
@@ -229,6 +230,8 @@ def check_truncation(rollouts: Sequence[CheckRollout], ctx: CheckContext) -> Che
             t, p, why = cut[0]
             ex.append(Example(r.trajectory_id, t, p, why + (f"; reward {_fmt(r.reward)}" if r.reward else ""),
                               1.0 + bool(r.reward)))
+    if not n_checked and ctx.mismatch:
+        return make(SKIP, reason=ctx.mismatch)
     if not n_checked:
         return make(SKIP, reason="the rollouts say nothing about truncation (no truncated / finish_reason field); "
                                  "pass --max-turn-tokens N (or, for token data, --tokenizer) to infer it")
@@ -270,6 +273,8 @@ def check_retokenization(rollouts: Sequence[CheckRollout], ctx: CheckContext) ->
                     "conditioned on a prompt its chat template never produces", ("verl #6501",))
     if ctx.tokenizer is None:
         return make(SKIP, reason="needs --tokenizer (the chat template to re-render the messages)")
+    if ctx.mismatch:
+        return make(SKIP, reason=ctx.mismatch)
     have = [r for r in _data_masked(rollouts) if r.messages]
     if not have:
         return make(SKIP, reason="no rollout carries both token ids and messages")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from critic_audit.check.core import (
-    FAIL, PASS, SKIP, WARN, CheckContext, CheckOutcome, Example, _fmt, _groups, _nz, _outcome, _prev_turn,
+    FAIL, PASS, SKIP, WARN, CheckContext, CheckOutcome, Example, _fmt, _groups, _nz, group_name, _outcome, _prev_turn,
     _share, _with,
 )
 from critic_audit.check.data import CheckRollout
@@ -137,12 +137,13 @@ def check_groups_all_equal(rollouts: Sequence[CheckRollout], ctx: CheckContext) 
     res = dynamic_sampling_filter(torch.tensor([r.reward for _, r in rows], dtype=torch.float64),
                                   torch.tensor([i for i, _ in rows]), atol=ctx.config.reward_atol)
     keep = res.keep.numpy()
-    equal = sorted({names[i] for (i, _), k in zip(rows, keep) if not k})
+    equal = sorted({names[i] for (i, _), k in zip(rows, keep) if not k}, key=group_name)
     n_rows = int((~keep).sum())
     counts = {"groups_checked": len(multi), "groups_all_equal": len(equal), "trajectories_dropped": n_rows,
               "trajectories_checked": len(rows), "singleton_groups": len(groups) - len(multi)}
     measured = {"share_of_groups": _share(len(equal), len(multi)), "share_of_trajectories": _share(n_rows, len(rows))}
-    ex = [Example(multi[g][0].trajectory_id, None, None, f"group {g}: {len(multi[g])} rollouts, every reward "
+    ex = [Example(multi[g][0].trajectory_id, None, None,
+                  f"group {group_name(g)}: {len(multi[g])} rollouts, every reward "
                   f"{_fmt(multi[g][0].reward)}", float(len(multi[g]))) for g in equal]
     summary = f"{len(equal)} of {len(multi)} groups have all-equal rewards; DAPO's filter would drop {n_rows} of " \
               f"{len(rows)} trajectories"
