@@ -476,7 +476,9 @@ def test_trainer_step_runs_the_checks_as_metrics(transfer_queue, options, tmp_pa
     from critic_audit.integrations.verl.trainer import CriticAuditPPOTrainer
 
     tq = transfer_queue
-    options(check=True, dump_dir=str(tmp_path / "dump"), lam=0.8)
+    # the masked reward below would stop the estimator (MaskedRewardError, the default): move it, so that
+    # the step runs and the check still reports what the batch held
+    options(check=True, dump_dir=str(tmp_path / "dump"), lam=0.8, masked_rewards="move")
     nt = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
     mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 0, 1, 1, 0]])
     rewards = torch.zeros(2, 6)
@@ -508,7 +510,7 @@ def test_trainer_step_runs_the_checks_as_metrics(transfer_queue, options, tmp_pa
     assert row1["token_reward"].to_list() == [None, 0, 0, 0, 0, 0, 1.0]  # one prompt token, then the response
     assert row1["old_log_prob"].to_list()[1:3] == pytest.approx([-1.1, -1.1])
     assert row1["rollout_log_prob"].to_list()[1:] == pytest.approx([-1.0] * 6)
-    options(lam=0.8)  # off by default: no check metrics
+    options(lam=0.8, masked_rewards="move")  # check off by default: no check metrics
     metrics = {}
     trainer._compute_advantage(meta, metrics=metrics)
     assert not any(k.startswith("critic_audit/check") for k in metrics)
