@@ -95,7 +95,7 @@ def test_negative_correlation_fails():
 def test_too_few_or_one_outcome_is_not_enough_data():
     t, _ = _synth((2,), good)  # blackjack with n = 2: corr +1.000
     g = quality_gate(t, GateConfig())
-    assert g["status"] == "not_enough_data" and "1 successes and 1 failures" in g["reasons"][0]
+    assert g["status"] == "not_enough_data" and "1 success and 1 failure" in g["reasons"][0]
     t, _ = _synth((12,), good)
     t.positive[:] = True
     t.success = np.ones(12, bool)

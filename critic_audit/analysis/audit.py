@@ -349,7 +349,9 @@ def _headline_verdict(summary: dict[str, Any], config: AuditConfig) -> dict[str,
         r = row["recommendation"]
         rec = {**r, "text": lead + f"Latest checkpoint, {key}: {r['text']}"}
     rec["checkpoint"] = key
-    rec["pooled"] = {"verdict": pooled["verdict"], "confident": pooled["confident"]}
+    # the pooled numbers mix different critics: kept for reference, never a confident verdict of their own
+    rec["pooled"] = {"verdict": pooled["verdict"], "confident": False, "mixes_critics": True,
+                     "confident_if_one_critic": pooled["confident"]}
     return rec
 
 

@@ -269,7 +269,11 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> dict[s
             if binary and t.success is not None and t.success.size:
                 have = f"all {n} are {'successes' if t.success.all() else 'failures' if not t.success.any() else 'one outcome'}"
         else:
-            have = f"{n_pos} {hi} and {n_neg} {lo} trajectories" if not binary else f"{n_pos} {hi} and {n_neg} {lo}"
+            if binary:  # "1 success and 2 failures"
+                have = (f"{n_pos} {'success' if n_pos == 1 else 'successes'} and "
+                        f"{n_neg} {'failure' if n_neg == 1 else 'failures'}")
+            else:
+                have = f"{n_pos} {hi} and {n_neg} {lo} trajectories"
         out["reasons"] = [f"{have} among the trajectories judged; the gate needs at least "
                           f"{config.min_per_outcome} of each"]
         return out
