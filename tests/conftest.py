@@ -101,3 +101,14 @@ def rollouts(tmp_path) -> Path:
     p = tmp_path / "rollouts.json"
     p.write_text(json.dumps(recs))
     return p
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run the test on one torch intra-op thread, restoring the count after it (training tests)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

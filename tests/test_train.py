@@ -23,11 +23,8 @@ TINY = [
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """Every test of this file trains on one torch thread (conftest.one_torch_thread)."""
 
 
 def params(model) -> torch.Tensor:
