@@ -257,8 +257,11 @@ def analyze(
                                  trust_remote_code=trust_remote_code, workers=workers, backend=backend,
                                  ray_address=ray_address, threads=threads) for c in (critic or [])] or None
         from critic_audit.critic.options import cache_root_for, pickle_allowed, scoring_cache
+        from critic_audit.outputs import check_out_path, lock_folder
 
-        with _Bar(enabled=not as_json or err.is_terminal) as bar, pickle_allowed(allow_pickle), \
+        # the lock first: another process's run must not share (or remove) this one's scoring cache
+        with lock_folder(check_out_path(out_dir), command="critic-audit analyze"), \
+                _Bar(enabled=not as_json or err.is_terminal) as bar, pickle_allowed(allow_pickle), \
                 scoring_cache(cache_root_for(out_dir), resume=resume, keep=keep_scoring_cache):
             res = run_analyze(inputs, out_dir, scoring=scoring, read_options=read_opts, tokenize=tcfg,
                               audit_config=acfg, plots=not no_plots, progress=bar, stream=stream,

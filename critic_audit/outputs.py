@@ -18,6 +18,11 @@ without ``--overwrite``.
   marker is gone) are removed before the next publish.
 - :func:`check_out_path`: ``/``, the home folder, the current folder (``.``, an empty path) and their
   parents, and symlink loops are refused with one clean line.
+- :func:`lock_folder`: one process at a time per output folder (``train --out``, ``analyze --out``):
+  an OS lock (``fcntl.flock`` through the ``filelock`` package) on a hidden ``.<name>.lock`` next to the
+  folder, which records the holder's pid, host and command. A second process is refused at once; the
+  kernel releases the lock when its holder ends, even by ``kill -9``, so a killed run never blocks the
+  next one.
 
 Errors are :class:`critic_audit.errors.ConfigError` (a path the tool refuses to write) naming the path
 and the fix.
@@ -36,6 +41,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import filelock
+
 from critic_audit import __version__
 from critic_audit.errors import ConfigError
 
@@ -49,6 +56,8 @@ __all__ = [
     "clean_stale",
     "foreign_entries",
     "is_ours",
+    "lock_folder",
+    "lock_path",
     "publish",
     "read_manifest",
     "remove_owned",
@@ -490,3 +499,111 @@ def _merge(tmp: Path, out: Path, *, kind: str, dirs: Sequence[str], extra: dict[
     write_manifest(out, kind, dirs=keep_dirs, extra={**(extra or {}), "merged": True}, files=listed)
     shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+# --------------------------------------------------------------------------------------------- locks
+
+
+def lock_path(out: str | Path) -> Path:
+    """The lock file of output folder ``out``: ``.<name>.lock`` next to it (not inside it: an ``analyze``
+    output is swapped in by a rename, and a lock inside would move with the old folder)."""
+    out = Path(out)
+    return out.parent / f".{out.name}.lock"
+
+
+#: The folder locks this process holds: lock file -> [the lock, holds].
+_HELD: dict[Path, list[Any]] = {}
+
+
+class FolderLock:
+    """A held :func:`lock_folder` lock; :meth:`release` (or leaving the ``with`` block) lets this hold go."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self._held = path, True
+
+    def release(self) -> None:
+        """Release this hold; the last hold of the folder in this process unlocks it. Idempotent."""
+        if not self._held:
+            return
+        self._held = False
+        entry = _HELD.get(self.path)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _HELD[self.path]
+            entry[0].release(force=True)
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:  # a hold dropped without release (e.g. a Trainer garbage-collected)
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+def _holder(path: Path) -> dict[str, Any]:
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def lock_folder(out: str | Path, *, command: str, option: str = "--out") -> FolderLock:
+    """Hold the lock of output folder ``out`` for this process, or refuse at once.
+
+    The lock is ``fcntl.flock`` on :func:`lock_path` (``filelock.FileLock``), so the kernel drops it when
+    the holder exits for any reason (``kill -9`` included): a stale lock file never blocks a later run or
+    ``--resume``. The file records the holder (``{"pid", "host", "command", "started"}``) for the error
+    of a second process, and stays in place after release (unlinking a flock file races its waiters).
+    Within one process the lock is re-entrant (a second hold of the same folder is counted, not
+    refused): it guards against another process. The hold lasts while the returned :class:`FolderLock`
+    is referenced (or until its :meth:`~FolderLock.release`). ``out`` should be resolved (:func:`check_out_path`) so
+    that two spellings of one folder share its lock.
+
+    Args:
+        out: the output folder (it need not exist yet; its parent is created).
+        command: what holds it, for the error of another process, e.g. ``"critic-audit train"``.
+        option: the option that named the folder, for messages.
+
+    Raises:
+        ConfigError: another process holds the folder (naming its pid, host, command and the fix), or
+            the lock file cannot be created.
+    """
+    out = Path(out)
+    path = lock_path(out)
+    if path in _HELD:
+        _HELD[path][1] += 1
+        return FolderLock(path)
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode()
+
+    def stamp(fd: int) -> None:  # the new holder writes itself into the file it locked
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(path, timeout=0, thread_local=False, on_acquired=stamp)
+        lock.acquire()
+    except filelock.Timeout:
+        h = _holder(path)
+        pid = h.get("pid")
+        who = "another process"
+        if pid:
+            where = f" on {h['host']}" if h.get("host") and h["host"] != socket.gethostname() else ""
+            what = f" ({h['command']}, since {h.get('started', '?')})" if h.get("command") else ""
+            who = f"process {pid}{where}{what}"
+        stop = f"stop it (kill {pid})" if pid else "stop it"
+        raise ConfigError(f"{option} {out} is in use by {who}: two runs on one folder would interleave its files",
+                          fix=f"wait for that run to end or {stop}, or pass another {option}; the lock "
+                                         "of a killed run is released by the OS, so --resume works after it") from None
+    except OSError as e:
+        raise ConfigError(f"cannot lock {option} {out} ({e.strerror or e})", path=path,
+                          fix=f"choose a writable {option}") from None
+    _HELD[path] = [lock, 1]
+    return FolderLock(path)

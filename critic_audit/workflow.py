@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import tempfile
 import time
@@ -23,7 +24,7 @@ from critic_audit.io.detect import ResolvedInput, qualify_ids, read_conversation
 from critic_audit.io.formats import FORMATS
 from critic_audit.io.records import ReadOptions, ReadReport
 from critic_audit.schema import Conversation, conversations_to_trajectories, read_parquet
-from critic_audit.outputs import check_out_path, check_replaceable, publish, staging
+from critic_audit.outputs import check_out_path, check_replaceable, lock_folder, publish, staging
 from critic_audit.turns import (
     EXCLUDE_NO_ASSISTANT,
     EXCLUDE_OVERLONG_DROPPED,
@@ -421,6 +422,17 @@ def _write_folder(folder: Path, result: AuditResult, tokens: pl.DataFrame, confi
         render_folder(folder, tokens, result.per_trajectory, result.summary)
 
 
+def _one_process_per_out(fn: Callable[..., AnalyzeOutcome]) -> Callable[..., AnalyzeOutcome]:
+    """Run ``fn(inputs, out_dir, ...)`` holding ``out_dir``'s lock (:func:`critic_audit.outputs.lock_folder`):
+    a second ``analyze`` on the same folder from another process is refused at once."""
+    @functools.wraps(fn)
+    def locked(inputs: Sequence[str | Path], out_dir: str | Path, **kwargs: Any) -> AnalyzeOutcome:
+        with lock_folder(check_out_path(out_dir), command="critic-audit analyze"):
+            return fn(inputs, out_dir, **kwargs)
+    return locked
+
+
+@_one_process_per_out
 def analyze(
     inputs: Sequence[str | Path],
     out_dir: str | Path,
@@ -460,7 +472,8 @@ def analyze(
     critic, and the reports.
 
     Raises:
-        InputError, SchemaError, TemplateError, CheckpointError, ConfigError: bad input or options.
+        InputError, SchemaError, TemplateError, CheckpointError, ConfigError: bad input or options;
+            ConfigError also when another process is writing ``out_dir`` (its lock).
     """
     t0 = time.perf_counter()
     if not inputs:

@@ -112,3 +112,29 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def lock_holder():
+    """Start another process that holds ``critic_audit.outputs.lock_folder(folder)`` (as ``critic-audit
+    train`` would): ``hold(folder) -> Popen``. Every holder still running is killed at teardown."""
+    import os
+    import subprocess
+    import sys
+
+    procs = []
+    code = ("import sys, time\nfrom critic_audit.outputs import lock_folder\n"
+            "held = lock_folder(sys.argv[1], command='critic-audit train')\nprint('held', flush=True)\ntime.sleep(300)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SAMPLE.parent), os.environ.get("PYTHONPATH")]))}
+
+    def hold(folder: Path) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=env)
+        procs.append(p)
+        assert p.stdout.readline().strip() == "held"
+        return p
+
+    yield hold
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

@@ -240,3 +240,37 @@ def test_atomic_write_keeps_the_old_file_on_error(tmp_path):
         outputs.atomic_write(f, fail)
     assert f.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
     assert (f.stat().st_mode & 0o777) != 0o600  # not mkstemp's private mode
+
+
+def test_folder_lock_refuses_another_process_and_survives_kill_9(tmp_path, lock_holder):
+    out = tmp_path / "run"
+    holder = lock_holder(out)
+    lock_file = outputs.lock_path(out)
+    assert lock_file == tmp_path / ".run.lock"
+    assert json.loads(lock_file.read_text())["pid"] == holder.pid
+    with pytest.raises(ConfigError) as e:
+        outputs.lock_folder(out, command="critic-audit analyze")
+    msg = str(e.value)
+    assert msg.startswith(f"--out {out} is in use by process {holder.pid} (critic-audit train, since ")
+    assert f"kill {holder.pid}" in msg and "--resume works after it" in msg
+    assert not out.exists()  # refused before anything was written
+    # the holder is killed with SIGKILL: it cannot clean up, its lock file stays, and the OS released the lock
+    holder.kill()
+    holder.wait()
+    assert lock_file.exists()
+    with outputs.lock_folder(out, command="critic-audit train") as held:
+        assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+        again = outputs.lock_folder(out, command="critic-audit train")  # re-entrant within one process
+        again.release()
+        assert held.path in outputs._HELD  # the outer hold still locks it
+    assert outputs.lock_path(out) not in outputs._HELD
+    lock_holder(out).kill()  # released for real: another process takes it
+
+
+def test_analyze_on_a_folder_in_use_is_one_line_error(sandbox, rollouts, critic_dir, lock_holder):
+    home, project = sandbox
+    out = project / "audit"
+    holder = lock_holder(out)
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out)
+    _one_line_error(res, f"--out {out} is in use by process {holder.pid}", f"kill {holder.pid}")
+    assert not out.exists() and not (project / "audit.scoring-cache").exists()

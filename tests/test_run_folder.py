@@ -180,3 +180,30 @@ def test_run_folder_paths_refused_in_one_line(tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match=words):
             Trainer(_cfg("steps=1"), bad)
     assert list(home.iterdir()) == []
+
+
+def test_a_run_folder_in_use_is_refused_and_a_killed_holder_does_not_block_resume(tmp_path, lock_holder):
+    from typer.testing import CliRunner
+
+    from critic_audit.cli import app
+
+    run = tmp_path / "run"
+    first = Trainer(_cfg("steps=1", "log.save_every=1"), run)
+    first.train()
+    first.close()
+    before = (run / "metrics.jsonl").read_text()
+    holder = lock_holder(run)  # another `critic-audit train` is running on this folder
+    with pytest.raises(ConfigError, match=f"--out {run} is in use by process {holder.pid} "):
+        Trainer(_cfg(), run, resume=True, steps=2)
+    res = CliRunner().invoke(app, ["train", "--out", str(run), "--resume", "--steps", "2", "--quiet"])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    text = " ".join(ln.strip() for ln in lines)
+    assert lines[0].startswith("error:") and f"in use by process {holder.pid}" in text and f"kill {holder.pid}" in text
+    assert (run / "metrics.jsonl").read_text() == before  # neither refused run wrote a line
+    holder.kill()  # kill -9: the lock file stays, the kernel released the lock
+    holder.wait()
+    resumed = Trainer(_cfg(), run, resume=True, steps=2)
+    assert resumed.resumed_from == "step_1"
+    resumed.train()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]

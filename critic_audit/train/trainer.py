@@ -54,7 +54,8 @@ import torch
 from critic_audit.critic.load import resolve_device
 from critic_audit.errors import CheckpointError, ConfigError
 from critic_audit.outputs import (
-    MANIFEST, atomic_write_text, check_out_path, publish, read_manifest, remove_owned, staging, write_manifest,
+    MANIFEST, atomic_write_text, check_out_path, lock_folder, publish, read_manifest, remove_owned, staging,
+    write_manifest,
 )
 from critic_audit.rl import (
     RolloutBatch,
@@ -136,7 +137,8 @@ class Trainer:
     Raises:
         ConfigError: bad configuration; a run folder holding a run with a checkpoint without
             ``resume``; ``resume`` without a run; a folder holding a ``config.json`` (``metrics.jsonl``,
-            ``checkpoints/``, ...) critic-audit did not write; ``/``, ``.``, the home folder.
+            ``checkpoints/``, ...) critic-audit did not write; ``/``, ``.``, the home folder; a run folder
+            another process is training in (its lock).
         CheckpointError: an unreadable checkpoint, or a trainer state that does not load with
             ``torch.load(weights_only=True)`` (refused: a full unpickle can run code).
     """
@@ -209,7 +211,8 @@ class Trainer:
         one stopped before its first checkpoint starts over. A folder that is not one is refused where
         the run would write over a file the tool did not write."""
         run = self.run_dir
-        check_out_path(run)
+        # one process per run folder, held until close() or exit (the OS drops it when a run is killed)
+        self._lock = lock_folder(check_out_path(run), command="critic-audit train")
         if run.exists() and not run.is_dir():
             raise ConfigError("the run folder is a file", path=run, fix="pass a folder to --out")
         manifest = read_manifest(run) if run.is_dir() else None
@@ -619,6 +622,10 @@ class Trainer:
             kept = [json.dumps(rec) for rec in _metrics_records(path) if rec["step"] <= self.step_count]
             atomic_write_text(path, "".join(ln + "\n" for ln in kept))
 
+    def close(self) -> None:
+        """Release the run folder's lock (:func:`critic_audit.outputs.lock_folder`); process exit does too."""
+        self._lock.release()
+
     def train(self) -> list[dict[str, Any]]:
         """Run the remaining steps up to ``config.steps``; returns their metrics."""
         out = []
@@ -640,7 +647,10 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, ste
           progress: Progress | None = None, on_metrics: MetricsCallback | None = None) -> Trainer:
     """Build a :class:`Trainer` and run it to ``config.steps``; returns the trainer (metrics in its folder)."""
     trainer = Trainer(config, run_dir, progress=progress, on_metrics=on_metrics, resume=resume, steps=steps)
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
     return trainer
 
 
