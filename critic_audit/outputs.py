@@ -20,9 +20,9 @@ without ``--overwrite``.
   parents, and symlink loops are refused with one clean line.
 - :func:`lock_folder`: one process at a time per output folder (``train --out``, ``analyze --out``):
   an OS lock (``fcntl.flock`` through the ``filelock`` package) on a hidden ``.<name>.lock`` next to the
-  folder, which records the holder's pid, host and command. A second process is refused at once; the
-  kernel releases the lock when its holder ends, even by ``kill -9``, so a killed run never blocks the
-  next one.
+  folder, which records the holder's pid, host and command and is removed on release. A second
+  process is refused at once; the kernel releases the lock when its holder ends, even by ``kill -9``, so
+  the file a killed run leaves never blocks the next one.
 
 Errors are :class:`critic_audit.errors.ConfigError` (a path the tool refuses to write) naming the path
 and the fix.
@@ -532,6 +532,10 @@ class FolderLock:
         entry[1] -= 1
         if entry[1] <= 0:
             del _HELD[self.path]
+            # removed while still locked: a process that opened it meanwhile finds, once it gets the
+            # flock, that the path no longer names its file, and starts over (see lock_folder)
+            with contextlib.suppress(OSError):
+                self.path.unlink()
             entry[0].release(force=True)
 
     def __enter__(self) -> FolderLock:
@@ -543,6 +547,10 @@ class FolderLock:
     def __del__(self) -> None:  # a hold dropped without release (e.g. a Trainer garbage-collected)
         with contextlib.suppress(Exception):
             self.release()
+
+
+class _Unlinked(Exception):
+    """The lock file was removed (or replaced) between opening it and locking it."""
 
 
 def _holder(path: Path) -> dict[str, Any]:
@@ -559,7 +567,9 @@ def lock_folder(out: str | Path, *, command: str, option: str = "--out") -> Fold
     The lock is ``fcntl.flock`` on :func:`lock_path` (``filelock.FileLock``), so the kernel drops it when
     the holder exits for any reason (``kill -9`` included): a stale lock file never blocks a later run or
     ``--resume``. The file records the holder (``{"pid", "host", "command", "started"}``) for the error
-    of a second process, and stays in place after release (unlinking a flock file races its waiters).
+    of a second process. It is removed on release, while still locked; a process that opened it just
+    before gets the flock on a file no longer at the path, sees that (inode check) and starts over, so
+    removal never lets two processes in. A killed holder leaves the file; the next holder removes it.
     Within one process the lock is re-entrant (a second hold of the same folder is counted, not
     refused): it guards against another process. The hold lasts while the returned :class:`FolderLock`
     is referenced (or until its :meth:`~FolderLock.release`). ``out`` should be resolved (:func:`check_out_path`) so
@@ -583,13 +593,26 @@ def lock_folder(out: str | Path, *, command: str, option: str = "--out") -> Fold
                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode()
 
     def stamp(fd: int) -> None:  # the new holder writes itself into the file it locked
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current != os.fstat(fd).st_ino:  # the holder we waited for removed it on release: try again
+            raise _Unlinked
         os.ftruncate(fd, 0)
         os.pwrite(fd, record, 0)
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(path, timeout=0, thread_local=False, on_acquired=stamp)
-        lock.acquire()
+        for _attempt in range(20):
+            lock = filelock.FileLock(path, timeout=0, thread_local=False, on_acquired=stamp)
+            try:
+                lock.acquire()
+                break
+            except _Unlinked:
+                continue
+        else:
+            raise filelock.Timeout(str(path))
     except filelock.Timeout:
         h = _holder(path)
         pid = h.get("pid")

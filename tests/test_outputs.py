@@ -262,8 +262,9 @@ def test_folder_lock_refuses_another_process_and_survives_kill_9(tmp_path, lock_
         assert json.loads(lock_file.read_text())["pid"] == os.getpid()
         again = outputs.lock_folder(out, command="critic-audit train")  # re-entrant within one process
         again.release()
-        assert held.path in outputs._HELD  # the outer hold still locks it
+        assert held.path in outputs._HELD and lock_file.exists()  # the outer hold still locks it
     assert outputs.lock_path(out) not in outputs._HELD
+    assert not lock_file.exists()  # removed on release: no stray file next to the folder
     lock_holder(out).kill()  # released for real: another process takes it
 
 
