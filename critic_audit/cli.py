@@ -447,7 +447,11 @@ def monitor(
         t.add_row("skipped", ", ".join(f"{k}: {v}" for k, v in c["skipped"].items()))
     t.add_row("turns scored (k >= 1)", str(c["turns_scored"]))
     t.add_row(f"flagged turns (|z| > {threshold:g}) / trajectories", f"{c['flagged_turns']} / {c['flagged_trajectories']}")
-    t.add_row("robust centre / scale of the change", f"{r['center']:.4g} / {r['scale']:.4g} ({r['scale_method']})")
+    if "by_checkpoint" in r:  # each checkpoint's critic on its own scale
+        t.add_row("robust centre / scale of the change",
+                  f"per checkpoint ({len(r['by_checkpoint'])}; --json robust.by_checkpoint)")
+    else:
+        t.add_row("robust centre / scale of the change", f"{r['center']:.4g} / {r['scale']:.4g} ({r['scale_method']})")
     t.add_row("labelled trajectories / failures", f"{c['labelled']} / {c['failures']}")
     t.add_row("AUROC for failure: max |z|", auc(a["max_abs_z"]))
     t.add_row("AUROC for failure: largest drop (-min z)", auc(a["largest_drop"]))

@@ -336,3 +336,50 @@ def test_num_turns_baseline_uses_the_real_episode_length():
     # without num_turns the baseline falls back to the turns with values (all 3: chance)
     res = monitor(traj.drop("num_turns"), tok, MonitorConfig(n_boot=50))
     assert res.summary["auroc"]["num_turns"]["estimate"] == 0.5  # every trajectory ties at 3
+
+
+def test_several_checkpoints_are_scaled_each_on_its_own():
+    """Each checkpoint's critic has its own value scale: the robust z is taken within each checkpoint.
+    Checkpoint step_2's values are step_1's times 100: both get the hand-computed z of MEANS."""
+    means = {**{f"s1-{t}": ms for t, ms in MEANS.items()}, **{f"s2-{t}": [100 * m for m in ms] for t, ms in MEANS.items()}}
+    traj = pl.DataFrame({"trajectory_id": list(means), "checkpoint": ["step_1"] * 3 + ["step_2"] * 3,
+                         "success": [True, False, True] * 2})
+    res = monitor(traj, tokens_from_means(means), MonitorConfig(n_boot=0))
+    expect = [(d - 0.75) / 1.4826 for d in (1, 2, 0, -1, 6, 0.5)]  # test_robust_z_by_hand_previous
+    sc = res.turn_scores
+    assert sc["z"].to_list() == pytest.approx(expect + expect, abs=1e-5)
+    assert sc["flagged"].to_list() == [False, False, False, False, True, False] * 2
+    r = res.summary["robust"]
+    assert r["scale_method"] == "per_checkpoint" and r["center"] is None and r["scale"] is None
+    assert r["by_checkpoint"]["step_1"]["center"] == pytest.approx(0.75)
+    assert r["by_checkpoint"]["step_1"]["scale"] == pytest.approx(1.4826)
+    assert r["by_checkpoint"]["step_2"]["center"] == pytest.approx(75.0)
+    assert r["by_checkpoint"]["step_2"]["scale"] == pytest.approx(148.26)
+    assert r["by_checkpoint"]["step_2"]["n_changes"] == 6 and r["by_checkpoint"]["step_2"]["trajectories"] == 3
+    assert any("2 checkpoints" in n for n in res.summary["notes"])
+    json.dumps(res.summary, allow_nan=False)
+
+
+def test_several_checkpoints_keep_the_signal_of_each_critic():
+    """Two checkpoints whose critics differ 100x in scale: one pooled MAD would give z of +-1000 on one
+    and ~0 on the other; per checkpoint each keeps the AUROC it has alone."""
+    t1, k1 = synthetic(n=120, seed=0)
+    t2, k2 = synthetic(n=120, seed=1)
+    k2 = k2.with_columns(pl.col("trajectory_id") + "-b", pl.col("value") * 100)
+    t2 = t2.with_columns(pl.col("trajectory_id") + "-b")
+    traj = pl.concat([t1.with_columns(checkpoint=pl.lit("step_1")), t2.with_columns(checkpoint=pl.lit("step_2"))])
+    res = monitor(traj, pl.concat([k1, k2]), MonitorConfig(n_boot=0))
+    alone = [monitor(t, k, MonitorConfig(n_boot=0)) for t, k in ((t1, k1), (t2, k2))]
+    z_alone = pl.concat([a.turn_scores for a in alone]).sort("trajectory_id", "turn")["z"].to_numpy()
+    np.testing.assert_allclose(res.turn_scores["z"].to_numpy(), z_alone, rtol=1e-5, atol=1e-5)
+    assert res.turn_scores["abs_z"].max() < 50
+    by = res.summary["robust"]["by_checkpoint"]
+    for ck, a in zip(("step_1", "step_2"), alone):
+        assert by[ck]["auroc_max_abs_z"]["estimate"] == pytest.approx(a.summary["auroc"]["max_abs_z"]["estimate"])
+    assert res.summary["auroc"]["max_abs_z"]["estimate"] > 0.9
+    # one checkpoint whose critic is flat across turns is skipped, by reason; the other is still scored
+    flat = k2.with_columns(value=pl.lit(1.0, dtype=pl.Float32))
+    res = monitor(traj, pl.concat([k1, flat]), MonitorConfig(n_boot=0))
+    assert res.summary["counts"]["skipped"] == {"critic_flat_across_turns": 120}
+    assert res.summary["counts"]["trajectories_scored"] == 120
+    np.testing.assert_allclose(res.turn_scores["z"].to_numpy(), alone[0].turn_scores["z"].to_numpy(), atol=1e-5)

@@ -13,7 +13,9 @@ tokens), each turn k >= 1 gets a change::
     reference "running_mean"  d_k = m_k - mean(m_0, ..., m_{k-1})      [ours]
 
 (the running mean is the unweighted mean of the previous turn means: each turn counts once, whatever
-its length). Over every scored turn of the whole data set::
+its length). Over every scored turn of the whole data set, or of each checkpoint when the trajectories
+carry several (``checkpoint`` column: each checkpoint's critic has its own value scale, so one median
+and MAD across them would measure the gap between critics, not a turn's change) [ours]::
 
     z_k = (d_k - median(d)) / (1.4826 * MAD(d)),   MAD(d) = median(|d - median(d)|)
 
@@ -22,7 +24,8 @@ standard deviation of normal data. A turn is flagged when ``|z_k| > threshold`` 
 recommended cut-off). When more than half of the changes are equal, ``MAD = 0``; the scale then falls
 back to ``1.2533 * mean(|d - median(d)|)`` (``sqrt(pi / 2)`` times the mean absolute deviation, again
 a normal-consistent estimate of the standard deviation; taken about the median [ours]); when that is 0
-too, every change is the same and the monitor has nothing to measure (:class:`InputError`).
+too, every change is the same and the monitor has nothing to measure (:class:`InputError`; with
+several checkpoints, such a checkpoint's trajectories are skipped as ``critic_flat_across_turns``).
 
 Per trajectory: the largest ``|z|`` (score of "any sharp change") and the most negative signed ``z``
 (a drop in value; scored as ``-min z`` so that larger means a larger drop). Each is compared with
@@ -55,6 +58,7 @@ SKIP_NO_POLICY_TOKENS = "no_policy_tokens"
 SKIP_FEWER_THAN_2_TURNS = "fewer_than_2_turns"
 SKIP_MISSING_VALUE = "missing_value"
 SKIP_NON_FINITE = "non_finite_value"
+SKIP_FLAT_CHECKPOINT = "critic_flat_across_turns"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +192,10 @@ def _valid_turns(means: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, str]]:
             dict(zip(skipped["trajectory_id"].to_list(), skipped["reason"].to_list())))
 
 
-def _score(means: pl.DataFrame, config: MonitorConfig) -> tuple[pl.DataFrame, dict[str, Any], dict[str, str]]:
+def _score(means: pl.DataFrame, config: MonitorConfig,
+           checkpoints: dict[str, str] | None = None) -> tuple[pl.DataFrame, dict[str, Any], dict[str, str]]:
+    """Changes and robust z; with ``checkpoints`` (trajectory_id -> checkpoint, two or more distinct)
+    the centre and scale are taken within each checkpoint."""
     means, skipped = _valid_turns(means)
     means = means.sort("trajectory_id", "turn")
     prev = pl.col("mean_value").shift(1).over("trajectory_id")
@@ -201,11 +208,31 @@ def _score(means: pl.DataFrame, config: MonitorConfig) -> tuple[pl.DataFrame, di
     df = (means.with_columns(reference=ref)
           .filter(pl.col("reference").is_not_null())
           .with_columns(delta=pl.col("mean_value") - pl.col("reference")))
-    center, scale, method = robust_scale(df["delta"].to_numpy())
-    df = df.with_columns(z=(pl.col("delta") - center) / scale).with_columns(
-        abs_z=pl.col("z").abs()).with_columns(flagged=pl.col("abs_z") > config.threshold)
+    if not checkpoints:
+        center, scale, method = robust_scale(df["delta"].to_numpy())
+        df = df.with_columns(z=(pl.col("delta") - center) / scale)
+        info: dict[str, Any] = {"center": center, "scale": scale, "scale_method": method, "n_changes": df.height}
+    else:
+        df = df.with_columns(checkpoint=pl.col("trajectory_id").replace_strict(checkpoints, default=None,
+                                                                              return_dtype=pl.String))
+        parts, by, flat_error = [], {}, None
+        for (ck,), part in df.group_by("checkpoint", maintain_order=True):
+            try:
+                c, sc, m = robust_scale(part["delta"].to_numpy())
+            except InputError as e:  # this checkpoint's critic is flat: its trajectories are skipped
+                flat_error = e
+                skipped.update(dict.fromkeys(part["trajectory_id"].unique().to_list(), SKIP_FLAT_CHECKPOINT))
+                by[ck] = {"center": None, "scale": None, "scale_method": "flat", "n_changes": part.height}
+                continue
+            parts.append(part.with_columns(z=(pl.col("delta") - c) / sc))
+            by[ck] = {"center": c, "scale": sc, "scale_method": m, "n_changes": part.height}
+        if not parts:
+            raise flat_error or InputError("no turn to score", fix="monitor needs multi-turn trajectories")
+        df = pl.concat(parts).sort("trajectory_id", "turn")
+        info = {"center": None, "scale": None, "scale_method": "per_checkpoint", "n_changes": df.height,
+                "by_checkpoint": dict(sorted(by.items(), key=lambda kv: str(kv[0])))}
+    df = df.with_columns(abs_z=pl.col("z").abs()).with_columns(flagged=pl.col("abs_z") > config.threshold)
     df = df.select("trajectory_id", "turn", "n_tokens", "mean_value", "reference", "delta", "z", "abs_z", "flagged")
-    info = {"center": center, "scale": scale, "scale_method": method, "n_changes": df.height}
     return df, info, skipped
 
 
@@ -336,6 +363,17 @@ def _num(x: Any) -> Any:
     return x if math.isfinite(x) else None
 
 
+def _checkpoints(trajectories: pl.DataFrame) -> dict[str, str] | None:
+    """trajectory_id -> checkpoint when the trajectories carry two or more checkpoints, else None."""
+    if "checkpoint" not in trajectories.columns:
+        return None
+    t = trajectories.select(pl.col("trajectory_id").cast(pl.String), pl.col("checkpoint").cast(pl.String))
+    t = t.unique("trajectory_id", keep="first")
+    if t["checkpoint"].drop_nulls().n_unique() < 2:
+        return None
+    return dict(zip(t["trajectory_id"].to_list(), t["checkpoint"].to_list()))
+
+
 def _auroc_entry(scores: np.ndarray, labels: np.ndarray, score: str, config: MonitorConfig, seed_offset: int) -> dict:
     est, lo, hi = bootstrap_auroc(scores, labels, n_boot=config.n_boot, seed=config.seed + seed_offset)
     ci = None if math.isnan(lo) else [_num(lo), _num(hi)]
@@ -355,7 +393,10 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
         A :class:`MonitorResult`. Its ``summary`` holds ``counts`` (``trajectories_read``,
         ``trajectories_scored``, ``turns_scored``, ``flagged_turns``, ``flagged_trajectories``,
         ``labelled``, ``failures``, ``skipped`` by reason), ``robust`` (``center``, ``scale``,
-        ``scale_method``), ``auroc`` (``max_abs_z``, ``largest_drop`` = ``-min z``, ``num_turns``
+        ``scale_method``; with two or more checkpoints in ``trajectories.checkpoint``, ``center`` and
+        ``scale`` are null, ``scale_method`` is ``"per_checkpoint"`` and ``by_checkpoint`` maps each
+        checkpoint to its ``center``, ``scale``, ``scale_method``, ``n_changes``, ``trajectories`` and
+        ``auroc_max_abs_z``: the z of a turn is taken with its own checkpoint's centre and scale), ``auroc`` (``max_abs_z``, ``largest_drop`` = ``-min z``, ``num_turns``
         baseline; each ``{"score", "estimate", "ci95"}``, null without both outcomes among the labelled
         trajectories), ``any_flag`` (``precision`` = P(failure | flagged), ``recall`` = P(flagged |
         failure), ``flag_rate``, ``failure_rate``), ``notes`` and ``config``.
@@ -371,7 +412,8 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
     if means["n_tokens"].sum() == 0:
         raise InputError("the tokens table carries no critic value on any policy token",
                          fix="score it first: critic-audit analyze ... --critic CRITIC_FOLDER")
-    scores, robust, skipped = _score(means, config)
+    checkpoints = _checkpoints(trajectories)
+    scores, robust, skipped = _score(means, config, checkpoints)
 
     per = (scores.group_by("trajectory_id")
            .agg(max_abs_z=pl.col("abs_z").max(), min_z=pl.col("z").min(),
@@ -412,6 +454,24 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
                      "AUROC is null (it needs both outcomes)")
     if config.n_boot == 0:
         notes.append("no bootstrap (n_boot = 0): AUROCs without interval")
+    if checkpoints:
+        by = robust["by_checkpoint"]
+        notes.append(f"the trajectories come from {len(by)} checkpoints: the robust z is taken within each "
+                     "checkpoint (each checkpoint's critic has its own value scale); robust.by_checkpoint holds "
+                     "each one's centre, scale and AUROC")
+        flat = [str(k) for k, v in by.items() if v["scale_method"] == "flat"]
+        if flat:
+            notes.append(f"checkpoint(s) {', '.join(flat)}: the critic is flat across turns there (no scale); "
+                         f"their trajectories are skipped ({SKIP_FLAT_CHECKPOINT})")
+        ck_of = pl.DataFrame({"trajectory_id": list(checkpoints), "_ck": list(checkpoints.values())},
+                             schema={"trajectory_id": pl.String, "_ck": pl.String})
+        lab_ck = lab.join(ck_of, on="trajectory_id", how="left")
+        for i, (ck, entry) in enumerate(by.items()):
+            part = lab_ck.filter(pl.col("_ck").eq_missing(ck))
+            entry["trajectories"] = part.height
+            entry["auroc_max_abs_z"] = (_auroc_entry(part["max_abs_z"].to_numpy(), (~part["success"]).to_numpy()
+                                                     .astype(bool), "max |z| (this checkpoint)", config, 10 + i)
+                                        if entry["scale_method"] != "flat" else None)
     auc = {
         "max_abs_z": _auroc_entry(lab["max_abs_z"].to_numpy(), fail, "max |z| over the trajectory's turns", config, 0),
         "largest_drop": _auroc_entry(-lab["min_z"].to_numpy(), fail, "-min z (the largest drop in value)", config, 1),
@@ -441,7 +501,9 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
             "skipped": dict(sorted(reasons.items())),
         },
         "robust": {"center": _num(robust["center"]), "scale": _num(robust["scale"]),
-                   "scale_method": robust["scale_method"]},
+                   "scale_method": robust["scale_method"],
+                   **({"by_checkpoint": {str(k): {**v, "center": _num(v["center"]), "scale": _num(v["scale"])}
+                                         for k, v in robust["by_checkpoint"].items()}} if checkpoints else {})},
         "auroc": auc,
         "any_flag": any_flag,
         "notes": notes,
