@@ -153,7 +153,8 @@ def _summary_table(s: dict) -> Table:
     g = q.get("gate") or {}
     if g:
         c, e = g.get("corr_within_stratum") or {}, g.get("explained_variance_within_stratum") or {}
-        t.add_row("quality gate: within-source corr (p) / EV", f"{g.get('status')}: {_fmt(c.get('estimate'))} "
+        pooled = " (pooled: different critics)" if len(s.get("by_checkpoint") or {}) > 1 else ""
+        t.add_row(f"quality gate{pooled}: within-source corr (p) / EV", f"{g.get('status')}: {_fmt(c.get('estimate'))} "
                   f"(p {_fmt(c.get('p_value'), '.3f')}) / {_fmt_ci(e)}")
     for key, d in s.get("by_success", {}).items():
         t.add_row(f"  success={key}: n, median eta2", f"{d['n_included']}, {_fmt_ci(d['eta2_median'])}")

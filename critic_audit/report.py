@@ -94,13 +94,13 @@ def _fmt_cov(e: dict | None, what: str) -> str:
     return f"{e['audited']} of {e['read']} {what} ({100 * e['share']:.1f}%)"
 
 
-def _gate_lines(q: dict[str, Any]) -> list[str]:
+def _gate_lines(q: dict[str, Any], title: str = "Quality gate") -> list[str]:
     g = q.get("gate") or {}
     c = g.get("corr_within_stratum") or {}
     e = g.get("explained_variance_within_stratum") or {}
     status = g.get("status", "unmeasured")
     th = g.get("thresholds") or {}
-    lines = [f"Quality gate: **{status.replace('_', ' ')}** ({g.get('n_positive', 0)} higher-outcome and "
+    lines = [f"{title}: **{status.replace('_', ' ')}** ({g.get('n_positive', 0)} higher-outcome and "
              f"{g.get('n_negative', 0)} lower-outcome trajectories judged, {g.get('n_strata', 0)} "
              f"source/checkpoint strata).", ""]
     lines += ["| measure | value |", "|---|---|",
@@ -127,6 +127,24 @@ def _gate_lines(q: dict[str, Any]) -> list[str]:
                          + (f" (p {cs['p_value']:.3f})" if cs.get("p_value") is not None else "")
                          + f" | {_ci(gs.get('explained_variance_within_stratum'))} |")
     return lines
+
+
+def _verdict_gate_lines(q: dict[str, Any], rec: dict[str, Any], by_ckpt: dict[str, Any], min_n: int) -> list[str]:
+    """The quality gate of the data the verdict rests on: the pooled gate, or, when the verdict is the
+    latest checkpoint's (several checkpoints: different critics), that checkpoint's gate first and the
+    pooled one after it, each labelled."""
+    key = rec.get("checkpoint")
+    if key is None or key not in by_ckpt:
+        return _gate_lines(q)
+    row = by_ckpt[key]
+    cq = row.get("critic_quality")
+    if cq:
+        lines = _gate_lines(cq, f"Quality gate of the latest checkpoint, {md_escape(key)} (the verdict's data)")
+    else:
+        lines = [f"Quality gate of the latest checkpoint, {md_escape(key)} (the verdict's data): **not measured** "
+                 f"({row.get('n_included', 0)} audited trajectories < {min_n}).", ""]
+    return [*lines, "", *_gate_lines(q, "Quality gate pooled over all checkpoints (different critics; for "
+                                        "reference, not the verdict's)")]
 
 
 def _c(d: dict | None, pct: bool = False) -> str:
@@ -187,9 +205,9 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
     lines += ["", "## Critic quality", "",
               "The structure of a critic's values is evidence for a credit granularity only when the critic "
               "predicts the outcome; a random critic has structure too.", ""]
-    lines += _gate_lines(q)
     by_ckpt = s.get("by_checkpoint") or {}
     several = len(by_ckpt) > 1
+    lines += _verdict_gate_lines(q, rec, by_ckpt, min_n)
     if several:
         lines += [""] + _checkpoint_lines(by_ckpt, min_n)
         if "eta2_ev_by_checkpoint" in plots:

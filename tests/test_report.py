@@ -230,3 +230,50 @@ def test_degenerate_inputs_render_without_warnings(tmp_path):
         rec = res.summary["recommendation"]
         assert not rec["confident"] and rec["text"], name
         assert (tmp_path / name / "report.html").exists()
+
+
+def _gate_paragraphs(md):
+    return [ln for ln in md.splitlines() if ln.startswith("Quality gate")]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_gate_line_describes_the_verdicts_checkpoint(tmp_path, drop_last):
+    """A training run's critics by checkpoint: the verdict is the latest checkpoint's, and so is the gate
+    shown with it (its own 16 trajectories, not the 160 pooled); the pooled gate follows, labelled.
+    Without step 200 the latest checkpoint is step_179, whose critic fails its gate."""
+    import shutil
+
+    from conftest import SAMPLE
+
+    src = SAMPLE / "credit_ppo_run" / "rollouts"
+    runs = tmp_path / "rollouts"
+    shutil.copytree(src, runs, ignore=shutil.ignore_patterns("step_000200") if drop_last else None)
+    out = tmp_path / "audit"
+    res = CliRunner().invoke(app, ["analyze", str(runs), "--out", str(out), "--no-plots", "--bootstrap", "50"])
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "summary.json").read_text())
+    rec = s["recommendation"]
+    key = "step_179" if drop_last else "step_199"
+    assert rec["checkpoint"] == key
+    own = s["by_checkpoint"][key]["critic_quality"]["gate"]
+    pooled = s["critic_quality"]["gate"]
+    assert own["status"] == ("failed" if drop_last else "passed")
+    assert rec["verdict"] == ("critic_too_weak" if drop_last else "turn_level")
+    md = report_markdown(s, [])  # report.md's text (--no-plots writes no report)
+    first, second = _gate_paragraphs(md)
+    assert first.startswith(f"Quality gate of the latest checkpoint, step\\_{key[5:]} (the verdict's data): "
+                            f"**{own['status']}** ({own['n_positive']} higher-outcome and {own['n_negative']} "
+                            "lower-outcome trajectories judged, 1 source/checkpoint strata)")
+    assert own["n_positive"] + own["n_negative"] == 16
+    assert second.startswith("Quality gate pooled over all checkpoints (different critics; for reference, not the "
+                             f"verdict's): **{pooled['status']}** ({pooled['n_positive']} higher-outcome and "
+                             f"{pooled['n_negative']} lower-outcome")
+    assert pooled["n_positive"] + pooled["n_negative"] == (144 if drop_last else 160)
+    assert md.index(first) < md.index(second)
+
+
+def test_gate_line_of_one_critic_is_unlabelled():
+    trajs, tokens = _tables(n=6)
+    s = audit(trajs.with_columns(checkpoint=pl.lit("c1")), tokens, AuditConfig(n_boot=20, min_group_n=2)).summary
+    (line,) = _gate_paragraphs(report_markdown(s, []))
+    assert line.startswith(f"Quality gate: **{s['critic_quality']['gate']['status'].replace('_', ' ')}**")
