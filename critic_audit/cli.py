@@ -135,10 +135,15 @@ def _summary_table(s: dict) -> Table:
     if s["excluded"]:
         t.add_row("excluded", ", ".join(f"{k}: {v}" for k, v in sorted(s["excluded"].items())))
     tr = s.get("truncated") or {}
-    if tr.get("trajectories"):
-        t.add_row("truncated to the critic's context",
-                  f"{tr['trajectories']} {'trajectory' if tr['trajectories'] == 1 else 'trajectories'}, "
-                  f"{tr['turns']} {'turn' if tr['turns'] == 1 else 'turns'} dropped")
+    exc = s.get("excluded") or {}
+    long_ = {"truncated": tr.get("trajectories") or 0, "excluded": exc.get("overlong_no_complete_turn", 0),
+             "dropped": exc.get("overlong_dropped", 0)}  # the same counts as the exclusions row
+    if any(long_.values()):
+        from critic_audit.analysis.audit import length_limit
+
+        t.add_row(f"longer than {length_limit(tr) or 'the length limit'}",
+                  f"{long_['truncated']} truncated ({tr.get('turns') or 0} later turns dropped), "
+                  f"{long_['excluded']} excluded (no complete turn fits), {long_['dropped']} dropped")
     t.add_row("median eta2 (share of variance between turns)", _fmt_ci(s["eta2_median"]))
     t.add_row("(a) fraction SS_B > SS_W", _fmt_ci(s["frac_ss_between_gt_within"]))
     t.add_row("(b) fraction var(turn means) > mean within var", _fmt_ci(s["frac_var_turn_means_gt_mean_within_var"]))

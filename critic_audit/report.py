@@ -15,6 +15,8 @@ from typing import Any
 
 import polars as pl
 
+from critic_audit.analysis.audit import length_limit, overlong_note
+
 PLOTS = (
     ("value_traces", "Value along a successful and a failed trajectory, turns shaded (the MPO paper's Figure 2)"),
     ("value_grid", "Value traces of several successes and failures"),
@@ -257,8 +259,11 @@ def report_markdown(summary: dict[str, Any], plots: list[str]) -> str:
     lines += [f"- {md_escape(k)}: {v}" for k, v in sorted(exc.items())] or ["- none"]
     tr = s.get("truncated") or {}
     if tr.get("trajectories"):
-        lines.append(f"- truncated to the critic's context (kept, later turns dropped): {_plural(tr['trajectories'], 'trajectory', 'trajectories')}, "
-                     f"{_plural(tr['turns'], 'turn', 'turns')}")
+        lines.append(f"- truncated to {length_limit(tr) or 'the length limit'} (kept, later turns dropped): "
+                     f"{_plural(tr['trajectories'], 'trajectory', 'trajectories')}, {_plural(tr['turns'], 'turn', 'turns')}")
+    note = overlong_note(tr, exc)
+    if note:
+        lines += ["", md_escape(note)]
     inf = s.get("inference") or {}
     if inf.get("tokens_per_s"):
         lines += ["", "## Critic inference", "",

@@ -288,7 +288,7 @@ def _audit_one(
     token_parts: list[pl.DataFrame] = []
     pre_excluded: dict[str, str] = {}
     inference: dict[str, Any] = {}
-    truncation = {"trajectories": 0, "turns": 0, "policy_tokens": 0}
+    truncation: dict[str, Any] = {"trajectories": 0, "turns": 0, "policy_tokens": 0}
     fitted_ids: list[str] | None = None
 
     carried: list[dict[str, Any]] = []
@@ -302,6 +302,9 @@ def _audit_one(
             carried.append(prior)
             for k in ("trajectories", "turns", "policy_tokens"):
                 truncation[k] += int((prior.get("truncated") or {}).get(k, 0))
+            for k in ("max_length", "cut_by", "critic_context"):  # the limit the saved audit applied
+                if (prior.get("truncated") or {}).get(k) is not None:
+                    truncation.setdefault(k, prior["truncated"][k])
 
     critic = None
     needs_values = any(t.filter(pl.col("response_mask") & pl.col("value").is_null()).height for t in token_parts)
@@ -333,7 +336,9 @@ def _audit_one(
             convs or [], critic.tokenizer, tcfg,
             progress=(lambda d, n: progress("tokenize", d, n)) if progress else None)
         truncation = {"trajectories": tok_res.truncated_trajectories, "turns": tok_res.truncated_turns,
-                      "policy_tokens": tok_res.truncated_policy_tokens}
+                      "policy_tokens": tok_res.truncated_policy_tokens, "max_length": max_len,
+                      "cut_by": "max_length" if tokenize.max_length else "critic_context",
+                      "critic_context": critic.max_length}
         pre_excluded.update(tok_res.excluded)
         unk = getattr(critic.tokenizer, "unk_token_id", None)
         if unk is not None:

@@ -347,3 +347,70 @@ def test_cuda_on_a_cpu_build_is_a_clean_error(rollouts, critic_dir, tmp_path):
         pytest.skip("CUDA present")
     res = _run("analyze", rollouts, "--critic", critic_dir, "--out", tmp_path / "o", "--device", "cuda")
     _assert_one_line_error(res, "CUDA is not available", "--device cpu", out_dir=tmp_path / "o")
+
+
+def _turn_ends(out: Path, k: int) -> dict[str, int]:
+    """Tokens up to and including the end of each trajectory's assistant turn k (analyze output)."""
+    tok = pl.read_parquet(out / "tokens.parquet")
+    return dict(tok.filter(pl.col("turn") == k).group_by("trajectory_id").agg(pl.col("position").max() + 1).rows())
+
+
+def test_overlong_messages_name_the_limit_that_cut_and_agree_with_the_exclusions(tmp_path):
+    """3 rollouts whose first turn fits --max-length L (truncated, kept) and 3 whose long first user
+    message does not (excluded): the table, the warning and the report name "--max-length L" and give
+    3 truncated + 3 excluded, the counts of the exclusions."""
+    recs = [conv(i, 4, float(i % 2)) for i in range(3)]
+    for i in range(3, 6):
+        r = conv(i, 3, float(i % 2))
+        r["traj"][1]["content"] = "Book flight " + "to Paris and back again " * 12
+        recs.append(r)
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(recs))
+    critic = make_critic_dir(tmp_path / "critic", max_pos=2048)
+    full = tmp_path / "full"
+    assert _run("analyze", p, "--critic", critic, "--out", full, "--bootstrap", 20, "--no-plots").exit_code == 0
+    ends, second = _turn_ends(full, 0), _turn_ends(full, 1)
+    limit = min(second.values()) + 2  # 2 turns of the 3 short rollouts fit (byte-level tokens), not a 3rd
+    assert max(_turn_ends(full, 2)[t] for t in ("t0", "t1", "t2")) > limit
+    assert sum(e > limit for e in ends.values()) == 3  # the long-first-turn rollouts do not fit
+    out = tmp_path / "o"
+    res = _run("analyze", p, "--critic", critic, "--out", out, "--bootstrap", 20, "--max-length", limit)
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["excluded"] == {"overlong_no_complete_turn": 3}
+    assert s["truncated"]["trajectories"] == 3 and s["truncated"]["turns"] == 6  # turns 3-4 of the 3 kept
+    assert (s["truncated"]["max_length"], s["truncated"]["cut_by"], s["truncated"]["critic_context"]) == \
+        (limit, "max_length", 2048)
+    text = " ".join(res.output.split())
+    assert (f"longer than --max-length {limit} │ 3 truncated (6 later turns dropped), 3 excluded (no complete "
+            "turn fits), 0 dropped") in text
+    assert "critic's context" not in text.split("recommendation")[0]
+    note = (f"6 trajectories are longer than --max-length {limit}: 3 truncated to it (kept, later turns dropped), "
+            "3 excluded (not one complete assistant turn fits: overlong\\_no\\_complete\\_turn); to audit them, "
+            "raise --max-length (up to the critic's context, 2048 tokens).")
+    assert note in (out / "report.md").read_text()
+
+
+def test_every_rollout_over_the_critics_context_says_so_and_how_to_fix_it(tmp_path):
+    """The critic's context (64 tokens) cuts, no --max-length: the no-data verdict names it and the fix."""
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps([conv(i, 3, float(i % 2)) for i in range(6)]))
+    critic = make_critic_dir(tmp_path / "critic", max_pos=64)
+    out = tmp_path / "o"
+    res = _run("analyze", p, "--critic", critic, "--out", out, "--bootstrap", 20)
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["excluded"] == {"overlong_no_complete_turn": 6} and s["truncated"]["trajectories"] == 0
+    assert (s["truncated"]["max_length"], s["truncated"]["cut_by"]) == (64, "critic_context")
+    rec = s["recommendation"]
+    assert rec["verdict"] == "no_data"
+    assert rec["text"] == ("No trajectory could be audited (overlong_no_complete_turn: 6). 6 trajectories are longer "
+                           "than the critic's context (64 tokens): 6 excluded (not one complete assistant turn fits: "
+                           "overlong_no_complete_turn); to audit them, use a critic with a longer context (this one "
+                           "reads 64 tokens).")
+    text = " ".join(res.output.split())
+    assert ("longer than the critic's context (64 tokens) │ 0 truncated (0 later turns dropped), 6 excluded (no "
+            "complete turn fits), 0 dropped") in text
+    assert "warning: no assistant turn was audited (6 trajectories excluded, 6 of them longer than the critic's " \
+           "context (64 tokens))" in text
+    assert "--max-length" not in text

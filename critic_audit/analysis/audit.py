@@ -210,8 +210,11 @@ def audit(
             turn, over-long); they count in the exclusions but have no token rows.
         fitted_ids: trajectory ids the critic was fitted on (``fit-critic`` records them); the quality
             gate judges the critic on the others only.
-        truncation: ``{"trajectories", "turns", "policy_tokens"}`` cut by ``--max-length`` before
-            scoring, for the coverage line (turns read come from ``num_turns``, the episode length).
+        truncation: ``{"trajectories", "turns", "policy_tokens"}`` cut by the length limit before
+            scoring, for the coverage line (turns read come from ``num_turns``, the episode length),
+            and optionally the limit itself: ``max_length`` (tokens), ``cut_by`` (``"max_length"``:
+            ``--max-length``; ``"critic_context"``: the critic's context) and ``critic_context``
+            (tokens), which the messages about over-long trajectories name (:func:`length_limit`).
 
     Returns:
         :class:`AuditResult`.
@@ -293,6 +296,7 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
 
     inc = per.filter(pl.col("excluded").is_null())
     summary: dict[str, Any] = {
+        **({"truncated": dict(truncation)} if truncation is not None else {}),  # read by recommend()
         "scope": config.scope,
         "n_trajectories": per.height,
         "n_included": inc.height,
@@ -388,16 +392,60 @@ def coverage(per: pl.DataFrame, truncation: dict[str, int] | None, config: Audit
     cov["warning"] = None
     if cov["low"]:
         why = []
+        limit = length_limit(tr) or "the length limit"
         if tr.get("turns"):
-            why.append(f"{tr['turns']} cut by --max-length")
+            why.append(f"{tr['turns']} cut by {limit}")
         if per.height - inc.height:
-            why.append(f"{per.height - inc.height} trajectories excluded")
+            n_long = int(per["excluded"].is_in(list(OVERLONG_EXCLUSIONS)).sum())
+            why.append(f"{per.height - inc.height} trajectories excluded"
+                       + (f", {n_long} of them longer than {limit}" if n_long else ""))
         why_s = f" ({'; '.join(why)})" if why else ""
         cov["warning"] = (f"no assistant turn was audited{why_s}" if not cov["turns"]["audited"] else
                           f"only {cov['turns']['audited']} of {cov['turns']['read']} assistant turns "
                           f"({100 * share:.1f}%) were audited{why_s}: the figures describe the turns kept, which "
                           "may not represent whole episodes")
     return cov
+
+
+#: Exclusions of trajectories longer than the length limit (critic_audit.turns).
+OVERLONG_EXCLUSIONS = ("overlong_no_complete_turn", "overlong_dropped")
+
+
+def length_limit(truncation: dict[str, Any]) -> str | None:
+    """The limit that cut over-long trajectories, in words: ``"--max-length N"`` when ``--max-length``
+    set it, ``"the critic's context (N tokens)"`` when the critic's did; None when unknown."""
+    n = truncation.get("max_length")
+    if n is None:
+        return None
+    return f"--max-length {n}" if truncation.get("cut_by") == "max_length" else f"the critic's context ({n} tokens)"
+
+
+def overlong_note(truncation: dict[str, Any], excluded: dict[str, int]) -> str | None:
+    """One sentence on the trajectories the length limit cut or excluded, naming the limit and the fix;
+    its counts are those of ``excluded`` (``overlong_*``) and ``truncation["trajectories"]``. None when
+    the limit cut nothing."""
+    no_turn, dropped = excluded.get("overlong_no_complete_turn", 0), excluded.get("overlong_dropped", 0)
+    kept = int(truncation.get("trajectories") or 0)
+    if not (no_turn or dropped or kept):
+        return None
+    limit = length_limit(truncation) or "the length limit"
+    parts = ([f"{kept} truncated to it (kept, later turns dropped)"] if kept else []) + \
+        ([f"{no_turn} excluded (not one complete assistant turn fits: overlong_no_complete_turn)"] if no_turn else []) + \
+        ([f"{dropped} dropped (--overlong drop: overlong_dropped)"] if dropped else [])
+    ctx = truncation.get("critic_context")
+    if truncation.get("cut_by") == "max_length" and ctx and truncation.get("max_length", ctx) < ctx:
+        fix = f"raise --max-length (up to the critic's context, {ctx} tokens)"
+    elif ctx:
+        fix = f"use a critic with a longer context (this one reads {ctx} tokens)"
+    else:
+        fix = "raise --max-length up to the critic's context, or use a critic with a longer context"
+    if dropped:
+        fix += ", or --overlong truncate to keep the complete turns that fit"
+    if not (no_turn or dropped):
+        return f"{kept} {'trajectory is' if kept == 1 else 'trajectories are'} longer than {limit}: {parts[0]}."
+    total = kept + no_turn + dropped
+    return (f"{total} {'trajectory is' if total == 1 else 'trajectories are'} longer than {limit}: "
+            f"{', '.join(parts)}; to audit them, {fix}.")
 
 
 def _by_checkpoint(per: pl.DataFrame, summary: dict[str, Any], config: AuditConfig,
@@ -459,7 +507,9 @@ def recommend(summary: dict[str, Any], config: AuditConfig = AuditConfig()) -> d
         why = ", ".join(f"{k}: {v}" for k, v in sorted(exc.items())) or "no trajectories"
         flat = " The critic gives every token the same value (flat_critic): it carries no signal." \
             if exc and set(exc) == {"flat_critic"} else ""
-        return out("no_data", f"No trajectory could be audited ({why}).{flat}", [f"excluded: {why}"])
+        long_ = overlong_note(summary.get("truncated") or {}, exc)
+        return out("no_data", f"No trajectory could be audited ({why}).{flat}{' ' + long_ if long_ else ''}",
+                   [f"excluded: {why}"])
     if config.scope != "assistant":
         return out("not_assessed", (f"With --scope {config.scope} the groups include user/tool/template segments, so "
                                     "the numbers describe the whole sequence, not the policy's turns; the "
