@@ -2,10 +2,12 @@
 
 Every folder critic-audit writes (an ``analyze`` output, a critic folder, a training run folder and its
 checkpoints and rollout tables) holds :data:`MANIFEST`, a JSON file naming the tool, its version, the
-kind of folder, every file it wrote (``files``) and the folders it owns whole (``dirs``: e.g.
-``plots``, re-rendered wholesale). The manifest is the only proof of ownership: a file neither listed
-nor inside an owned folder was not written by critic-audit and is never replaced or removed, with or
-without ``--overwrite``.
+kind of folder, every file it wrote (``files``), the folders it owns (``dirs``: e.g. ``plots``, whose
+figures a rerun or ``critic-audit plot`` replaces) and the files it wrote in each (``dir_files``; a
+folder without that record, such as a training run's ``checkpoints/``, is owned whole). The manifest is
+the only proof of ownership: a file not listed (nor inside a folder owned whole) was not written by
+critic-audit and is never replaced or removed, with or without ``--overwrite``, also inside ``plots/``.
+A rerun that writes no plots (``--no-plots``) removes the figures the earlier run wrote.
 
 - :func:`atomic_write` / :func:`atomic_write_text`: a file written to a temporary sibling, flushed and
   renamed over the target (a reader sees the old file or the new one, never a part).
@@ -62,6 +64,7 @@ __all__ = [
     "read_manifest",
     "remove_owned",
     "staging",
+    "update",
     "write_manifest",
 ]
 
@@ -206,7 +209,19 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
         return None
     if not all(_rel_ok(x) for x in (*files, *dirs)):
         return None
+    rec = m.get("dir_files", {})
+    if not isinstance(rec, dict) or not all(
+            d in dirs and isinstance(fs, list) and all(_rel_ok(f) and f.startswith(d + "/") for f in fs)
+            for d, fs in rec.items()):
+        return None
     return m
+
+
+def dir_files(manifest: dict[str, Any], d: str) -> set[str] | None:
+    """The files the tool wrote inside owned folder ``d`` (relative to the manifest's folder), or None
+    when the manifest does not record them (an older manifest: the folder is then the tool's whole)."""
+    rec = (manifest.get("dir_files") or {}).get(d)
+    return None if rec is None else set(rec)
 
 
 def _walk_files(folder: Path) -> list[str]:
@@ -221,15 +236,22 @@ def _walk_files(folder: Path) -> list[str]:
 
 
 def write_manifest(folder: str | Path, kind: str, *, dirs: Sequence[str] = (), extra: dict[str, Any] | None = None,
-                   files: Sequence[str] | None = None) -> dict[str, Any]:
-    """Write ``folder``'s manifest: tool, version, ``kind``, every file below it (or ``files``) and the
-    owned folders ``dirs``. Returns it."""
+                   files: Sequence[str] | None = None, whole: Sequence[str] | None = None) -> dict[str, Any]:
+    """Write ``folder``'s manifest: tool, version, ``kind``, every file below it (or ``files``), the
+    owned folders ``dirs`` and the files the tool wrote in each (``dir_files``: an owned folder's other
+    files are not the tool's and are never removed). The folders of ``whole`` (by default, with
+    ``files`` given, those none of whose files is listed, e.g. a training run's ``checkpoints/``) are
+    owned whole, files unrecorded. Returns it."""
     folder = Path(folder)
     owned = [d for d in dirs if (folder / d).is_dir() or files is not None]
-    listed = sorted(files) if files is not None else [f for f in _walk_files(folder)
-                                                      if not any(f.startswith(d + "/") for d in owned)]
+    every = sorted(files) if files is not None else _walk_files(folder)
+    listed = [f for f in every if not any(f.startswith(d + "/") for d in owned)]
+    inside = {d: [f for f in every if f.startswith(d + "/")] for d in owned}
+    # a folder given without any of its files (the trainer's checkpoints/, rollouts/) is owned whole
+    record = [d for d in owned if d not in whole] if whole is not None else \
+        [d for d in owned if files is None or inside[d]]
     m = {"tool": TOOL, "version": __version__, "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-         "files": listed, "dirs": sorted(owned), **(extra or {})}
+         "files": listed, "dirs": sorted(owned), "dir_files": {d: inside[d] for d in sorted(record)}, **(extra or {})}
     atomic_write_text(folder / MANIFEST, json.dumps(m, indent=1) + "\n")
     return m
 
@@ -257,8 +279,9 @@ def foreign_entries(folder: str | Path, manifest: dict[str, Any] | None = None, 
                 if len(names) >= limit:
                     break
         return sorted(names)
-    files, owned = set(m["files"]), set(m.get("dirs", []))
-    parents = _ancestors([*files, *owned])
+    owned = {d for d in m.get("dirs", []) if dir_files(m, d) is None}  # owned whole: not walked
+    files = set(m["files"]).union(*(dir_files(m, d) or set() for d in m.get("dirs", [])))
+    parents = _ancestors([*files, *owned]) | (set(m.get("dirs", [])) - owned)
     bad: list[str] = []
     for dirpath, dirnames, filenames in os.walk(folder):
         rel = Path(dirpath).relative_to(folder).as_posix()
@@ -284,6 +307,22 @@ def foreign_entries(folder: str | Path, manifest: dict[str, Any] | None = None, 
     return bad[:limit]
 
 
+def _remove_dir_files(folder: Path, m: dict[str, Any], d: str) -> None:
+    """Remove what the tool wrote in owned folder ``d`` (its recorded files; the whole folder when the
+    manifest records none), then the folders left empty. A file the tool did not write stays."""
+    rec = dir_files(m, d)
+    if rec is None:
+        shutil.rmtree(folder / d, ignore_errors=True)
+        return
+    for f in rec:
+        p = folder / f
+        if _inside(folder, p) and (p.is_file() or p.is_symlink()):
+            p.unlink(missing_ok=True)
+    for sub in sorted({d, *_ancestors(sorted(rec))} - _ancestors([d]), key=lambda x: -x.count("/")):
+        with contextlib.suppress(OSError):
+            (folder / sub).rmdir()  # only when empty
+
+
 def is_ours(folder: str | Path) -> bool:
     """``folder`` holds a manifest of this tool and nothing the tool did not write."""
     m = read_manifest(folder)
@@ -305,7 +344,7 @@ def remove_owned(folder: str | Path) -> bool:
         if p.is_symlink():
             p.unlink()
         elif p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
+            _remove_dir_files(folder, m, d)
     for f in m["files"]:
         p = folder / f
         if _inside(folder, p) and (p.is_symlink() or p.is_file()):
@@ -456,15 +495,38 @@ def publish(tmp: Path, out: Path, *, kind: str, dirs: Sequence[str] = (), overwr
     return out
 
 
+def update(tmp: Path, out: Path, *, dirs: Sequence[str] = (), option: str = "folder") -> Path:
+    """Move the files staged in ``tmp`` (made by :func:`staging`) into the existing output ``out``, keeping
+    its other files: a re-render (``critic-audit plot``). In each owned folder of ``dirs`` what the tool
+    wrote before is removed first; a file the tool did not write is never replaced or removed (a new
+    file whose path it takes is refused). The manifest then lists the old files and the new ones.
+
+    Raises:
+        ConfigError: ``out`` has no manifest of this tool, or a staged path is taken by a file the tool
+            did not write.
+    """
+    m = read_manifest(out)
+    if m is None:
+        raise ConfigError(f"{option} {out} has no {MANIFEST}", fix="pass an output folder written by critic-audit")
+    (tmp / STAGING_MARKER).unlink(missing_ok=True)
+    return _merge(tmp, out, kind=str(m.get("kind")), dirs=dirs, extra=None, option=option, partial=True)
+
+
 def _merge(tmp: Path, out: Path, *, kind: str, dirs: Sequence[str], extra: dict[str, Any] | None,
-           option: str) -> Path:
+           option: str, partial: bool = False) -> Path:
     old = read_manifest(out)
     old_files = set(old["files"]) if old else set()
     old_dirs = set(old.get("dirs", [])) if old else set()
     new_files = _walk_files(tmp)
 
     def ours(rel: str) -> bool:
-        return rel in old_files or any(rel == d or rel.startswith(d + "/") for d in old_dirs)
+        if rel in old_files:
+            return True
+        for d in old_dirs:
+            if rel.startswith(d + "/"):
+                rec = dir_files(old, d) if old else None
+                return rec is None or rel in rec
+        return False
 
     for rel in new_files:
         target = out / rel
@@ -479,24 +541,38 @@ def _merge(tmp: Path, out: Path, *, kind: str, dirs: Sequence[str], extra: dict[
             raise ConfigError(f"{option} {out}: {rel} was not written by critic-audit (no manifest lists it); "
                               "refusing to replace it", fix="pass a new or empty folder, or move that file away")
     keep_dirs = [d for d in dirs if (d in old_dirs and (out / d).is_dir() and not (out / d).is_symlink())
-                 or not (out / d).exists()]  # claim a folder whole only when it was the tool's or is new
+                 or not (out / d).exists()]  # own a folder only when it was the tool's or is new
     # first a manifest naming the old files and the new ones: a kill while moving leaves them all the tool's
+    old_inside: set[str] = set()
+    for d in old_dirs:
+        rec = dir_files(old, d) if old else None
+        old_inside |= rec if rec is not None else {f"{d}/{f}" for f in _walk_files(out / d)}
     write_manifest(out, kind, dirs=sorted(old_dirs | set(keep_dirs)), extra={**(extra or {}), "merging": True},
-                   files=sorted(old_files | set(new_files)))
-    # the old output's files that the new one does not have
-    for rel in sorted(old_files - set(new_files)):
+                   files=sorted(old_files | old_inside | set(new_files)), whole=[])
+    # the old output's files that the new one does not have (a partial update keeps them)
+    for rel in sorted(old_files - set(new_files)) if not partial else []:
         p = out / rel
         if _inside(out, p) and (p.is_file() or p.is_symlink()):
             p.unlink()
-    for d in keep_dirs:
-        if d in old_dirs and (out / d).is_dir():
-            shutil.rmtree(out / d, ignore_errors=True)
+    # the old output's owned folders (plots/), rewritten or not: what the tool wrote there goes (an
+    # earlier run's plots never stay beside a report of this one), a file the tool did not write stays
+    cleaned = set(dirs) & old_dirs if partial else old_dirs
+    for d in sorted(cleaned):
+        if old and (out / d).is_dir() and not (out / d).is_symlink():
+            _remove_dir_files(out, old, d)
     for rel in new_files:
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp / rel, target)
-    listed = [f for f in new_files if not any(f.startswith(d + "/") for d in keep_dirs)]
-    write_manifest(out, kind, dirs=keep_dirs, extra={**(extra or {}), "merged": True}, files=listed)
+    final, final_dirs = set(new_files), set(keep_dirs)
+    if partial:
+        final |= old_files | {f for f in old_inside if not any(f.startswith(d + "/") for d in cleaned)}
+        final_dirs |= old_dirs - cleaned
+    # an owned folder still holding a user's file stays the tool's (its recorded files: none), so a later
+    # run may write its figures there again next to that file
+    final_dirs |= {d for d in cleaned if (out / d).is_dir() and not (out / d).is_symlink()}
+    write_manifest(out, kind, dirs=sorted(final_dirs), extra={**(extra or {}), "merged": True}, files=sorted(final),
+                   whole=[])
     shutil.rmtree(tmp, ignore_errors=True)
     return out
 

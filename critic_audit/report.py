@@ -385,7 +385,9 @@ def render_folder(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_traject
 
 
 def rerender(folder: str | Path) -> Path:
-    """Re-render plots and reports of a saved audit folder, atomically, without the critic.
+    """Re-render plots and reports of a saved audit folder, atomically, without the critic. In a folder
+    with a manifest (an ``analyze`` output) the plots the tool wrote are replaced, a file of the user's
+    in ``plots/`` stays, and the manifest lists the new files (:func:`critic_audit.outputs.update`).
 
     Raises:
         InputError: the folder lacks ``summary.json``, ``trajectories.parquet`` or ``tokens.parquet``.
@@ -406,6 +408,14 @@ def rerender(folder: str | Path) -> Path:
     summary = json.loads((folder / "summary.json").read_text())
     per = pl.read_parquet(folder / "trajectories.parquet")
     tokens = pl.read_parquet(folder / "tokens.parquet")
+    from critic_audit.outputs import lock_folder, read_manifest, staging, update
+
+    if read_manifest(folder) is not None:  # an analyze output: only what the tool wrote is replaced
+        with lock_folder(folder.resolve(), command="critic-audit plot", option="folder"), \
+                staging(folder) as staged:
+            render_folder(staged, tokens, per, summary)
+            update(staged, folder, dirs=["plots"], option="folder")
+        return folder
     tmp = Path(tempfile.mkdtemp(prefix=".render-", dir=folder))
     try:
         render_folder(tmp, tokens, per, summary)

@@ -275,3 +275,54 @@ def test_analyze_on_a_folder_in_use_is_one_line_error(sandbox, rollouts, critic_
     res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out)
     _one_line_error(res, f"--out {out} is in use by process {holder.pid}", f"kill {holder.pid}")
     assert not out.exists() and not (project / "audit.scoring-cache").exists()
+
+
+def test_no_plots_rerun_removes_the_earlier_plots_but_never_a_users_file(sandbox, rollouts, critic_dir):
+    home, project = sandbox
+    out = project / "audit"
+    assert _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 20).exit_code == 0
+    ours = sorted(p.name for p in (out / "plots").iterdir())
+    m = outputs.read_manifest(out)
+    assert ours and m["dirs"] == ["plots"] and m["dir_files"] == {"plots": [f"plots/{n}" for n in ours]}
+    (out / "plots" / "mine.png").write_bytes(b"my own figure")
+    (out / "notes.md").write_text("mine\n")
+    # a file of the user's inside plots/ is not the tool's: refused without --overwrite, naming it
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 20, "--no-plots")
+    _one_line_error(res, "plots/mine.png")
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 20, "--no-plots", "--overwrite")
+    assert res.exit_code == 0, res.output
+    # the earlier run's plots and reports are gone (no stale figure beside the new summary), the user's stay
+    assert sorted(p.name for p in (out / "plots").iterdir()) == ["mine.png"]
+    assert not (out / "report.md").exists() and not (out / "report.html").exists()
+    assert (out / "plots" / "mine.png").read_bytes() == b"my own figure" and (out / "notes.md").read_text() == "mine\n"
+    m = outputs.read_manifest(out)
+    # plots/ stays the tool's folder, with none of its files: the user's file in it is not claimed
+    assert m["dirs"] == ["plots"] and m["dir_files"] == {"plots": []}
+    assert not any(f.startswith("plots/") for f in m["files"])
+    assert sorted(outputs.foreign_entries(out)) == ["notes.md", "plots/mine.png"]
+    # plots again: the tool's figures come back next to the user's, which the manifest does not claim
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 20, "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (out / "plots").iterdir()) == sorted([*ours, "mine.png"])
+    assert outputs.read_manifest(out)["dir_files"] == {"plots": [f"plots/{n}" for n in ours]}
+    # critic-audit plot re-renders the tool's figures only
+    (out / "plots" / ours[0]).write_bytes(b"stale")
+    res = _run("plot", out)
+    assert res.exit_code == 0, res.output
+    assert (out / "plots" / ours[0]).read_bytes() != b"stale" and (out / "plots" / "mine.png").exists()
+    assert sorted(outputs.foreign_entries(out)) == ["notes.md", "plots/mine.png"]
+    assert not [q for q in out.parent.iterdir() if q.name.startswith(".audit.")]  # no staging or lock left
+
+
+def test_no_plots_overwrite_next_to_a_users_file_removes_the_earlier_plots(sandbox, rollouts, critic_dir):
+    """The earlier plots leave with --no-plots --overwrite also when the user's file is outside plots/."""
+    home, project = sandbox
+    out = project / "audit"
+    (out).mkdir()
+    (out / "notes.md").write_text("mine\n")
+    assert _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 20, "--overwrite").exit_code == 0
+    assert (out / "plots").is_dir()
+    res = _run("analyze", rollouts, "--critic", critic_dir, "--out", out, "--bootstrap", 20, "--no-plots", "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert not (out / "plots").exists() and (out / "notes.md").read_text() == "mine\n"
+    assert outputs.foreign_entries(out) == ["notes.md"]
