@@ -41,6 +41,7 @@ SAMPLE = ROOT / "sample_data"
 sys.path.insert(0, str(ROOT / "tests"))
 
 from critic_audit.analysis.audit import CONFIDENT_VERDICTS, AuditConfig, audit  # noqa: E402
+from critic_audit.analysis.quality import GateConfig  # noqa: E402
 
 SOURCES = {"tau_bench_airline": SAMPLE / "tau_bench_airline", "fireact_hotpotqa": SAMPLE / "fireact_hotpotqa"}
 
@@ -57,7 +58,7 @@ def score_random_critics(seeds: list[int], workdir: Path) -> list[tuple[int, pl.
     for seed in seeds:
         crit = make_critic_dir(workdir / f"critic_{seed}", seed=seed, max_pos=8192)
         res = analyze(list(SOURCES.values()), workdir / f"audit_{seed}", scoring=ScoringConfig(str(crit), device="cpu"),
-                      plots=False, audit_config=AuditConfig(n_boot=10, n_perm=10))
+                      plots=False, audit_config=AuditConfig(n_boot=10, gate=GateConfig(n_perm=10)))
         trajs = res.result.per_trajectory.select("trajectory_id", "group_id", "checkpoint", "source", "reward",
                                                  "success", "num_turns", "metadata")
         out.append((seed, trajs, res.tokens))

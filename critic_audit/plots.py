@@ -40,6 +40,17 @@ def _save(fig: Figure, out: str | Path | None) -> None:
     fig.savefig(out.with_suffix(".svg"), bbox_inches="tight")
 
 
+def _finish(fig: Figure, ax, out: str | Path | None, *, shown: bool, empty: str) -> Figure:
+    """A legend when ``shown``, else the ``empty`` note in the middle of the axes; then layout and save."""
+    if shown:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    _save(fig, out)
+    return fig
+
+
 def _draw_trace(ax, tokens: pl.DataFrame, tid: str, label: str, lw: float = 1.0) -> None:
     """Draw one trajectory's policy-token values, one line and one shaded span per assistant turn."""
     t = tokens.lazy().filter((pl.col("trajectory_id") == tid) & pl.col("response_mask")).sort("position").collect()
@@ -186,13 +197,7 @@ def plot_eta2_ecdf(per_trajectory: pl.DataFrame, by: str = "success", out: str |
     ax.set_xlabel("eta2 (share of value variance between turns)")
     ax.set_ylabel("fraction of trajectories <= x")
     ax.set_title(f"eta2 ECDF by {by}")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no audited trajectory", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    _save(fig, out)
-    return fig
+    return _finish(fig, ax, out, shown=bool(ax.get_legend_handles_labels()[0]), empty="no audited trajectory")
 
 
 def plot_eta2_box(per_trajectory: pl.DataFrame, by: str = "checkpoint", out: str | Path | None = None,
@@ -259,13 +264,7 @@ def plot_step_distributions(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, 
                      if clipped else ""))
     ax.set_ylabel("density")
     ax.set_title("Value steps at turn boundaries vs inside turns")
-    if w.size or b.size:
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no value steps to show", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    _save(fig, out)
-    return fig
+    return _finish(fig, ax, out, shown=bool(w.size or b.size), empty="no value steps to show")
 
 
 def turn_position_means(tokens: pl.DataFrame, per_trajectory: pl.DataFrame) -> pl.DataFrame:
@@ -298,13 +297,7 @@ def plot_turn_position(tokens: pl.DataFrame, per_trajectory: pl.DataFrame, out: 
     ax.set_xlabel("assistant turn k (bands: +-1 standard error over trajectories)")
     ax.set_ylabel("mean of turn-mean value")
     ax.set_title("Critic value by turn position")
-    if df.height:
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no audited trajectory with a success label", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    _save(fig, out)
-    return fig
+    return _finish(fig, ax, out, shown=bool(df.height), empty="no audited trajectory with a success label")
 
 
 def plot_eta2_ev_by_checkpoint(by_checkpoint: dict, out: str | Path | None = None) -> Figure:

@@ -512,7 +512,7 @@ def analyze(
         "read_options": read_options.as_dict(),
         "input_files": {str(r.path): {"format": r.format, "kind": r.kind, "files": len(r.files)} for r in resolved},
         "tokenize": {**dataclasses.asdict(tokenize), "chat_template": bool(tokenize.chat_template)},
-        "audit": dataclasses.asdict(audit_config),
+        "audit": audit_config.as_dict(),
         **_run_options(),
     }
     if len(scorings) == 1:
@@ -688,7 +688,7 @@ def _analyze_stream(inputs: Sequence[str | Path], out_dir: Path, audit_config: A
     with staging(out_dir) as tmp:
         result.summary["seconds"] = round(time.perf_counter() - t0, 2)
         _write_json(tmp / "summary.json", result.summary)
-        _write_json(tmp / "config.json", {"inputs": [str(p)], "stream": True, "audit": dataclasses.asdict(audit_config)})
+        _write_json(tmp / "config.json", {"inputs": [str(p)], "stream": True, "audit": audit_config.as_dict()})
         result.per_trajectory.write_parquet(tmp / "trajectories.parquet")
         if plots:
             from critic_audit.report import render_folder

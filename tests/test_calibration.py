@@ -14,8 +14,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import calibration as C  # noqa: E402
 
 from critic_audit.analysis.audit import CONFIDENT_VERDICTS, AuditConfig, audit  # noqa: E402
+from critic_audit.analysis.quality import GateConfig  # noqa: E402
 
-CFG = AuditConfig(n_boot=500, n_perm=500)
+CFG = AuditConfig(n_boot=500, gate=GateConfig(n_perm=500))
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def scored(tmp_path_factory):
     for seed in (0, 1):
         crit = make_critic_dir(tmp / f"critic_{seed}", seed=seed)
         res = analyze([C.SAMPLE / "fireact_hotpotqa"], tmp / f"audit_{seed}", plots=False,
-                      scoring=ScoringConfig(str(crit), device="cpu"), audit_config=AuditConfig(n_boot=10, n_perm=10))
+                      scoring=ScoringConfig(str(crit), device="cpu"), audit_config=AuditConfig(n_boot=10, gate=GateConfig(n_perm=10)))
         trajs = res.result.per_trajectory.select("trajectory_id", "group_id", "checkpoint", "source", "reward",
                                                  "success", "num_turns", "metadata")
         out.append((seed, trajs, res.tokens))

@@ -143,7 +143,7 @@ def _tables(n, value_of, seed=0, turns=3, per_turn=5, sources=None):
     return trajs, tokens
 
 
-CFG = AuditConfig(n_boot=200, n_perm=200)
+CFG = AuditConfig(n_boot=200, gate=GateConfig(n_perm=200))
 
 
 def test_audit_verdicts_end_to_end():
@@ -217,3 +217,17 @@ def test_low_coverage_warns():
     assert cov["tokens"]["audited"] == 180 and cov["tokens"]["read"] == 1180
     assert cov["low"] and "36 of 360" in cov["warning"] and "324 cut by --max-length" in cov["warning"]
     assert not coverage(audit(*_tables(12, lambda i, k, rng: rng.normal()), CFG).per_trajectory, None)["low"]
+
+
+def test_audit_config_holds_the_gate_config():
+    from critic_audit.analysis.audit import _gate_config
+    from critic_audit.errors import ConfigError
+
+    c = AuditConfig(n_boot=7, seed=3, gate=GateConfig(min_corr=0.5, n_perm=9))
+    assert _gate_config(c) == GateConfig(min_corr=0.5, n_perm=9, n_boot=7, seed=3)  # one bootstrap setting
+    d = c.as_dict()  # config.json: flat, as before
+    assert "gate" not in d and (d["min_corr"], d["n_perm"], d["n_boot"], d["seed"], d["alpha"]) == (0.5, 9, 7, 3, 0.05)
+    th = recommend({"eta2_median": {"estimate": None}}, c)["thresholds"]
+    assert (th["min_corr"], th["min_per_outcome"], th["min_explained_variance"]) == (0.5, 5, 0.05)
+    with pytest.raises(ConfigError, match="min_per_outcome must be at least 1"):
+        AuditConfig(gate=GateConfig(min_per_outcome=0))

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from critic_audit import plots as P
 from critic_audit.analysis.audit import AuditConfig, audit
+from critic_audit.analysis.quality import GateConfig
 from critic_audit.cli import app
 from critic_audit.report import render_folder, report_markdown
 
@@ -187,7 +188,7 @@ def test_labels_are_escaped_and_nothing_outside_plots_is_embedded(tmp_path):
 
 def test_report_order_folding_and_links(tmp_path):
     trajs, tokens = _tables(n=12)
-    res = audit(trajs, tokens, AuditConfig(n_boot=50, n_perm=50))
+    res = audit(trajs, tokens, AuditConfig(n_boot=50, gate=GateConfig(n_perm=50)))
     md = report_markdown(res.summary, ["eta2_hist"])
     i_verdict, i_cov, i_q, i_head = (md.index(k) for k in ("**Verdict:", "**Coverage.**", "## Critic quality",
                                                             "## Headline"))
@@ -203,7 +204,7 @@ def test_report_order_folding_and_links(tmp_path):
 def test_low_n_rows_flagged_without_verdict():
     trajs, tokens = _tables(n=24)
     trajs = trajs.with_columns(checkpoint=pl.Series(["a"] * 20 + ["b"] * 4))
-    s = audit(trajs, tokens, AuditConfig(n_boot=50, n_perm=50)).summary
+    s = audit(trajs, tokens, AuditConfig(n_boot=50, gate=GateConfig(n_perm=50))).summary
     assert s["by_checkpoint"]["b"]["low_n"] and s["by_checkpoint"]["b"]["recommendation"] is None
     assert not s["by_checkpoint"]["a"]["low_n"] and s["by_checkpoint"]["a"]["recommendation"]["verdict"]
     # the latest checkpoint has too few trajectories: the headline gives no verdict
@@ -225,7 +226,7 @@ def test_degenerate_inputs_render_without_warnings(tmp_path):
     for name, (tr, tk) in cases.items():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            res = audit(tr, tk, AuditConfig(n_boot=20, n_perm=20))
+            res = audit(tr, tk, AuditConfig(n_boot=20, gate=GateConfig(n_perm=20)))
             render_folder(tmp_path / name, tk, res.per_trajectory, res.summary)
         rec = res.summary["recommendation"]
         assert not rec["confident"] and rec["text"], name

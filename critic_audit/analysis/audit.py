@@ -47,14 +47,11 @@ class AuditConfig:
         turn_level_eta2: [ours] recommend turn-level credit when the median eta2 and the fraction
             SS_B > SS_W are both at least this.
         token_level_eta2: [ours] recommend keeping token-level credit when the median eta2 is at most this.
-        min_explained_variance: [ours] the quality gate's floor on the within-stratum explained
-            variance (its 95% interval must also lie above 0); see :mod:`critic_audit.analysis.quality`.
-        min_corr: [ours] the gate's floor on the within-stratum correlation of mean value and reward
-            (which must also be positive and significant at ``alpha``).
-        min_per_outcome: [ours] trajectories needed with each outcome (success, failure) for any
-            credit verdict; below it the verdict is ``not_enough_data``.
-        alpha: one-sided level of the gate's permutation test.
-        n_perm: permutations of that test.
+        gate: the critic-quality gate's thresholds (:class:`critic_audit.analysis.quality.GateConfig`:
+            ``min_per_outcome`` trajectories of each outcome for any credit verdict, below which it is
+            ``not_enough_data``; ``min_corr`` and ``alpha`` for the within-stratum correlation of mean
+            value and reward; ``min_explained_variance``; ``n_perm`` permutations). Its ``n_boot`` and
+            ``seed`` are this config's: one bootstrap setting per audit.
         min_group_n: breakdown rows with fewer audited trajectories are flagged ``low_n`` and get no
             verdict of their own.
         low_coverage: below this share of the rollouts' assistant turns audited, the headline warns.
@@ -67,22 +64,25 @@ class AuditConfig:
     group_by: tuple[str, ...] = ()
     turn_level_eta2: float = 0.7
     token_level_eta2: float = 0.3
-    min_explained_variance: float = 0.05
-    min_corr: float = 0.1
-    min_per_outcome: int = 5
-    alpha: float = 0.05
-    n_perm: int = 2000
+    gate: GateConfig = GateConfig()
     min_group_n: int = 10
     low_coverage: float = 0.8
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
             raise ConfigError(f"unknown scope {self.scope!r}", fix="use --scope assistant or --scope all")
-        if self.min_per_outcome < 1:
-            raise ConfigError(f"min_per_outcome must be at least 1, got {self.min_per_outcome}",
+        if self.gate.min_per_outcome < 1:
+            raise ConfigError(f"min_per_outcome must be at least 1, got {self.gate.min_per_outcome}",
                               fix="use e.g. 5")
         if self.n_boot < 1:
             raise ConfigError(f"--bootstrap must be at least 1, got {self.n_boot}", fix="use e.g. --bootstrap 2000")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as ``config.json`` records them: flat, the gate's thresholds beside the others
+        (its ``n_boot`` and ``seed`` are this config's)."""
+        d = dataclasses.asdict(self)
+        gate = d.pop("gate")
+        return {**d, **{k: v for k, v in gate.items() if k not in ("n_boot", "seed")}}
 
 
 @dataclasses.dataclass
@@ -488,9 +488,10 @@ def recommend(summary: dict[str, Any], config: AuditConfig = AuditConfig()) -> d
     Returns ``{"verdict", "confident", "text", "reasons", "thresholds"}``; ``confident`` is True for
     the three credit verdicts only.
     """
+    g = config.gate
     th = {"turn_level_eta2": config.turn_level_eta2, "token_level_eta2": config.token_level_eta2,
-          "min_explained_variance": config.min_explained_variance, "min_corr": config.min_corr,
-          "min_per_outcome": config.min_per_outcome, "alpha": config.alpha}
+          "min_explained_variance": g.min_explained_variance, "min_corr": g.min_corr,
+          "min_per_outcome": g.min_per_outcome, "alpha": g.alpha}
     eta = (summary.get("eta2_median") or {}).get("estimate")
     frac = (summary.get("frac_ss_between_gt_within") or {}).get("estimate")
     gate = (summary.get("critic_quality") or {}).get("gate") or {}
@@ -590,9 +591,8 @@ def _gate_inputs(df: pl.DataFrame) -> TrajectorySums:
 
 
 def _gate_config(config: AuditConfig) -> GateConfig:
-    return GateConfig(min_per_outcome=config.min_per_outcome, alpha=config.alpha, min_corr=config.min_corr,
-                      min_explained_variance=config.min_explained_variance, n_perm=config.n_perm,
-                      n_boot=config.n_boot, seed=config.seed)
+    """The gate's thresholds with this audit's bootstrap resamples and seed."""
+    return dataclasses.replace(config.gate, n_boot=config.n_boot, seed=config.seed)
 
 
 def _quality(per: pl.DataFrame, config: AuditConfig, fitted_ids: Collection[str] | None = None,

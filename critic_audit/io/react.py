@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from critic_audit.io.records import (
-    MESSAGES_KEYS, ReadOptions, ReadReport, RecordContext, convert_records, error, guarded, iter_json_records, pick,
-    read_text, record_fields, short, type_name,
+    MESSAGES_KEYS, ReadOptions, ReadReport, RecordContext, convert_records, error, format_readers, guarded,
+    iter_json_records, pick, read_text, record_fields, short, type_name,
 )
 from critic_audit.schema import Conversation
 
@@ -250,15 +250,6 @@ def _head(file: Path) -> str:
         return ""
 
 
-def iter_react(path: str | Path, options: ReadOptions | None = None,
-               report: ReadReport | None = None) -> Iterator[Conversation]:
-    """Yield the conversations of a ReAct transcript file or folder (see :func:`read_file`)."""
-    from critic_audit.io.detect import iter_conversations
-
-    return iter_conversations(path, "react", options, report)
-
-
-def read_react(path: str | Path, options: ReadOptions | None = None,
-               report: ReadReport | None = None) -> list[Conversation]:
-    """Read every conversation of a ReAct transcript file or folder (see :func:`iter_react`)."""
-    return list(iter_react(path, options, report))
+#: iter_react(path, options=None, report=None) / read_react(...): the conversations of a ReAct transcript
+#: file or folder (see :func:`read_file`).
+iter_react, read_react = format_readers("react", "ReAct transcript")

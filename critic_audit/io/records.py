@@ -21,7 +21,7 @@ from critic_audit.errors import ConfigError, InputError
 
 __all__ = [
     "ReadOptions", "ReadReport", "RecordContext", "Fields", "IdRegistry",
-    "record_fields", "success_of", "guarded", "convert_records", "error", "reason_of",
+    "record_fields", "success_of", "guarded", "convert_records", "error", "reason_of", "format_readers",
     "iter_jsonl", "iter_json_records", "load_json", "read_text", "AS_JSONL",
     "MESSAGES_KEYS", "REWARD_KEYS", "SUCCESS_KEYS", "ID_KEYS", "GROUP_KEYS", "CHECKPOINT_KEYS",
     "JSONL_SUFFIXES", "JSON_SUFFIXES",
@@ -342,6 +342,30 @@ def guarded(convert: Callable[[], Any], lenient: bool, report: ReadReport | None
             raise
         (report if report is not None else ReadReport()).skip(e)
         return None
+
+
+def format_readers(fmt: str, what: str) -> tuple[Callable[..., Iterator[Any]], Callable[..., list[Any]]]:
+    """The public pair ``(iter_<fmt>, read_<fmt>)`` of a format registered as ``fmt`` in
+    :mod:`critic_audit.io.formats`: ``iter(path, options=None, report=None)`` yields the
+    :class:`critic_audit.schema.Conversation` of a ``what`` file or folder, one file at a time
+    (:func:`critic_audit.io.detect.iter_conversations`); ``read`` returns them as a list.
+
+    Raises (when called):
+        InputError: a missing path, or a bad record (strict mode), as the format's ``read_file``.
+    """
+    def iter_fmt(path: str | Path, options: ReadOptions | None = None, report: ReadReport | None = None) -> Iterator[Any]:
+        from critic_audit.io.detect import iter_conversations
+
+        return iter_conversations(path, fmt, options, report)
+
+    def read_fmt(path: str | Path, options: ReadOptions | None = None, report: ReadReport | None = None) -> list[Any]:
+        return list(iter_fmt(path, options, report))
+
+    iter_fmt.__name__, read_fmt.__name__ = f"iter_{fmt}", f"read_{fmt}"
+    iter_fmt.__qualname__, read_fmt.__qualname__ = iter_fmt.__name__, read_fmt.__name__
+    iter_fmt.__doc__ = f"Yield the conversations of a {what} file or folder, one file at a time (see read_file)."
+    read_fmt.__doc__ = f"Read every conversation of a {what} file or folder (see iter_{fmt})."
+    return iter_fmt, read_fmt
 
 
 def convert_records(records: Iterator[tuple[Any, RecordContext]], convert: Callable[[Any, RecordContext], Any],

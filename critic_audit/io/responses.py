@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from critic_audit.io.messages import message
 from critic_audit.io.records import (
-    ReadOptions, ReadReport, RecordContext, convert_records, error, iter_json_records, record_fields, short,
-    type_name,
+    ReadOptions, ReadReport, RecordContext, convert_records, error, format_readers, iter_json_records, record_fields,
+    short, type_name,
 )
 from critic_audit.schema import Conversation
 
@@ -277,15 +276,6 @@ def read_file(spec: Any, options: ReadOptions, report: ReadReport) -> Iterator[C
                            options.lenient, report)
 
 
-def iter_responses(path: str | Path, options: ReadOptions | None = None,
-                   report: ReadReport | None = None) -> Iterator[Conversation]:
-    """Yield the conversations of a Responses rollout file or folder (see :func:`read_file`)."""
-    from critic_audit.io.detect import iter_conversations
-
-    return iter_conversations(path, "responses", options, report)
-
-
-def read_responses(path: str | Path, options: ReadOptions | None = None,
-                   report: ReadReport | None = None) -> list[Conversation]:
-    """Read every conversation of a Responses rollout file or folder (see :func:`iter_responses`)."""
-    return list(iter_responses(path, options, report))
+#: iter_responses(path, options=None, report=None) / read_responses(...): the conversations of a Responses
+#: rollout file or folder (see :func:`read_file`).
+iter_responses, read_responses = format_readers("responses", "Responses rollout")
