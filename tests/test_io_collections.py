@@ -156,8 +156,10 @@ def test_atif_job_folder(tmp_path):
     [res] = resolve_inputs([ATIF], ReadOptions(), rep)
     kinds = {f.path.parent.parent.name: (f.format, f.kind, f.source) for f in res.files}
     assert kinds == {"trial-1": ("atif", "tables", "job-demo"), "trial-2": ("atif", "conversations", "job-demo")}
-    # SOURCE.md, the job's config.json and the verifier's reward.txt are not trajectories
-    assert rep.skipped_files == {"not_rollout_file": 3}
+    # SOURCE.md and the job's config.json are not trajectories; trial-1's verifier/reward.txt is read as
+    # its reward, not counted as a skipped file
+    assert rep.skipped_files == {"not_rollout_file": 2}
+    assert sorted(Path(p).name for p in rep.skipped_file_examples["not_rollout_file"]) == ["SOURCE.md", "config.json"]
     [c] = read_inputs([ATIF], report=rep)
     assert c.trajectory_id == "sess-0002" and c.source == "job-demo"
     assert (c.reward, c.success, c.group_id) == (0.0, False, "count-files")  # from extra

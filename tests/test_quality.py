@@ -211,11 +211,17 @@ def test_low_coverage_warns():
 
     trajs, tokens = _tables(12, lambda i, k, rng: rng.normal())
     trajs = trajs.with_columns(num_turns=pl.lit(30, dtype=pl.Int32))  # episodes of 30 turns, 3 kept
-    s = audit(trajs, tokens, CFG, truncation={"trajectories": 12, "turns": 324, "policy_tokens": 1000}).summary
+    tr = {"trajectories": 12, "turns": 324, "policy_tokens": 1000, "max_length": 512, "cut_by": "max_length",
+          "critic_context": 2048}
+    s = audit(trajs, tokens, CFG, truncation=tr).summary
     cov = s["coverage"]
     assert cov["turns"] == {"audited": 36, "read": 360, "share": 0.1}
     assert cov["tokens"]["audited"] == 180 and cov["tokens"]["read"] == 1180
-    assert cov["low"] and "36 of 360" in cov["warning"] and "324 cut by --max-length" in cov["warning"]
+    assert cov["low"] and "36 of 360" in cov["warning"] and "(324 cut by --max-length 512)" in cov["warning"]
+    # the critic's own context cut: the warning says so, never --max-length
+    s = audit(trajs, tokens, CFG, truncation={**tr, "cut_by": "critic_context", "max_length": 2048}).summary
+    assert "(324 cut by the critic's context (2048 tokens))" in s["coverage"]["warning"]
+    assert "--max-length" not in s["coverage"]["warning"]
     assert not coverage(audit(*_tables(12, lambda i, k, rng: rng.normal()), CFG).per_trajectory, None)["low"]
 
 

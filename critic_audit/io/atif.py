@@ -135,6 +135,20 @@ def file_kind(path: Path, options: ReadOptions) -> str:
 # --------------------------------------------------------------------------------------------- rewards
 
 
+def is_verifier_file(f: Path) -> bool:
+    """``f`` is a Harbor trial's verifier file (``<trial>/verifier/reward.txt``, ``reward.json``, or
+    ``<trial>/result.json``) beside the trial's ``agent/`` trajectory: read as that trajectory's reward
+    by :func:`verifier_reward`, never a stray file."""
+    if f.name in ("reward.txt", "reward.json") and f.parent.name == "verifier":
+        trial = f.parent.parent
+    elif f.name == "result.json":
+        trial = f.parent
+    else:
+        return False
+    agent = trial / "agent"
+    return agent.is_dir() and any(p.suffix.lower() == ".json" for p in agent.iterdir() if p.is_file())
+
+
 def verifier_reward(path: Path) -> float | None:
     """The reward a Harbor verifier wrote for the trial of ``path`` (``.../<trial>/agent/trajectory.json``):
     ``<trial>/verifier/reward.txt`` (a number), ``<trial>/verifier/reward.json`` or

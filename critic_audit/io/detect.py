@@ -4,7 +4,9 @@ with the registered readers (:mod:`critic_audit.io.formats`).
 A folder is searched recursively (hidden entries are left out). A folder holding ``tokens.parquet``
 or ``step_*.tokens.parquet`` is one table input (not searched further). Every other file is detected
 on its own (:func:`detect_file`); a file no format reads (``notes.txt``, ``config.json``, a SWE-bench
-results file) is skipped and counted in :attr:`ReadReport.skipped_files` as ``not_rollout_file``.
+results file) is skipped and counted in :attr:`ReadReport.skipped_files` as ``not_rollout_file``; a
+Harbor trial's verifier files (``verifier/reward.txt``, ``result.json``) are read as its trajectory's
+reward, not counted.
 
 Names (``docs/input_formats.md``, "Collections"): the ``source`` of a conversation is its file's
 collection: the file stem; where several files of a run share a stem (NeMo Gym writes every
@@ -25,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from critic_audit.errors import InputError
+from critic_audit.io.atif import is_verifier_file
 from critic_audit.io.formats import FORMATS, Format
 from critic_audit.io.records import (
     AS_JSONL, JSONL_SUFFIXES, MESSAGES_KEYS, ReadOptions, ReadReport, iter_jsonl, load_json,
@@ -224,6 +227,8 @@ def _walk(root: Path, opts: ReadOptions, report: ReadReport) -> Iterator[tuple[P
                 continue
             f = d / n
             fmt = _file_format(f, opts, explicit=False)
+            if fmt is None and is_verifier_file(f):
+                continue  # a Harbor trial's reward, read with its trajectory: not a stray file
             if fmt is None:
                 report.skip_file(f, "not_rollout_file")
             else:
