@@ -165,7 +165,7 @@ def test_labels_are_escaped_and_nothing_outside_plots_is_embedded(tmp_path):
     trajs, tokens = _tables(n=12)
     trajs = trajs.with_columns(checkpoint=pl.Series([evil if i % 2 else "c1" for i in range(12)]),
                                source=pl.lit(evil), group_id=pl.lit(f"[link]({secret})"))
-    res = audit(trajs, tokens, AuditConfig(n_boot=50, n_perm=50, group_by=("group_id",)))
+    res = audit(trajs, tokens, AuditConfig(n_boot=50, gate=GateConfig(n_perm=50), group_by=("group_id",)))
     out = tmp_path / "out"
     out.mkdir()
     render_folder(out, tokens, res.per_trajectory, res.summary)
