@@ -648,8 +648,8 @@ def lock_folder(out: str | Path, *, command: str, option: str = "--out") -> Fold
     removal never lets two processes in. A killed holder leaves the file; the next holder removes it.
     Within one process the lock is re-entrant (a second hold of the same folder is counted, not
     refused): it guards against another process. The hold lasts while the returned :class:`FolderLock`
-    is referenced (or until its :meth:`~FolderLock.release`). ``out`` should be resolved (:func:`check_out_path`) so
-    that two spellings of one folder share its lock.
+    is referenced (or until its :meth:`~FolderLock.release`). ``out`` should be resolved
+    (:func:`check_out_path`) so that two spellings of one folder share its lock.
 
     Args:
         out: the output folder (it need not exist yet; its parent is created).

@@ -396,7 +396,8 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
         ``scale_method``; with two or more checkpoints in ``trajectories.checkpoint``, ``center`` and
         ``scale`` are null, ``scale_method`` is ``"per_checkpoint"`` and ``by_checkpoint`` maps each
         checkpoint to its ``center``, ``scale``, ``scale_method``, ``n_changes``, ``trajectories`` and
-        ``auroc_max_abs_z``: the z of a turn is taken with its own checkpoint's centre and scale), ``auroc`` (``max_abs_z``, ``largest_drop`` = ``-min z``, ``num_turns``
+        ``auroc_max_abs_z``: the z of a turn is taken with its own checkpoint's centre and scale),
+        ``auroc`` (``max_abs_z``, ``largest_drop`` = ``-min z``, ``num_turns``
         baseline; each ``{"score", "estimate", "ci95"}``, null without both outcomes among the labelled
         trajectories), ``any_flag`` (``precision`` = P(failure | flagged), ``recall`` = P(flagged |
         failure), ``flag_rate``, ``failure_rate``), ``notes`` and ``config``.
