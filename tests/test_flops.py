@@ -48,9 +48,11 @@ def test_plan_flops_shared_prefix_by_hand():
     seqs = [np.concatenate([prompt, [10 + k], rng.integers(3, 250, 9)]) for k in range(3)]  # 110 tokens each
     plan = plan_scoring(seqs, 4096, Strategy(min_prefix=64))
     # the prompt (100 positions, is_causal, one key block) then 3 rows of 9 over 109 keys, masked
-    got = plan_flops(plan, TINY)
+    got = plan_flops(plan, TINY, split_attention=False)
     assert got["positions"] == 100 + 27 and got["pairs"] == 100 * 100 + 3 * 9 * 109
     assert got["total"] == 127 * 2320 + (10000 + 2943) * 64
+    # split attention: 27 queries x 100 prefix keys unmasked, each row's 9 causal (one block of 32 x 9)
+    assert plan_flops(plan, TINY)["pairs"] == 100 * 100 + 27 * 100 + 3 * 81
     ex = plan_flops(plan, TINY, kernel="exact")
     assert ex["pairs"] == 5050 + 3 * (9 * 100 + 45)
     # the bound: the 100-token prompt plus the one more token the three share: same radix tree here
@@ -61,7 +63,9 @@ def test_plan_flops_shared_prefix_by_hand():
 
 def test_plan_flops_padded_and_packed_by_hand():
     seqs = [np.arange(3, 3 + n) % 200 + 3 for n in (41, 21, 11)]  # fed: 40, 20, 10 (no shared prefix of 64)
-    padded = plan_scoring(seqs, 4096, Strategy(share_prefix=False))
+    # fewest pads + 32 a pass: 40 + 2 x 20 + 2 x 32 = 144 < 3 x 40 + 32
+    assert [b.shape() for b in plan_scoring(seqs, 4096, Strategy(share_prefix=False))] == [(1, 40), (2, 20)]
+    padded = plan_scoring(seqs, 4096, Strategy(share_prefix=False, pass_tokens=1000))
     assert [b.shape() for b in padded] == [(3, 40)]
     assert plan_flops(padded, TINY)["pairs"] == 3 * 40 * 40 and plan_flops(padded, TINY)["positions"] == 120
     assert plan_flops(padded, TINY, attention_mask=True)["pairs"] == 3 * 40 * 40
@@ -79,7 +83,7 @@ def test_prefix_nodes_fed_once_per_path():
     seqs = [np.concatenate([a, b, rng.integers(3, 250, 5)]) for _ in range(2)]
     seqs += [np.concatenate([a, c, rng.integers(3, 250, 5)]) for _ in range(2)]
     plan = plan_scoring(seqs, 4096, Strategy(min_prefix=64))
-    got = plan_flops(plan, TINY)
+    got = plan_flops(plan, TINY, split_attention=False)
     # fed: 154 positions each. a (80, causal), b (70 over 150 keys, masked), 2 rows of 4 over 154; c likewise
     assert [b.shape() for b in plan] == [(2, 4), (2, 4)]
     assert got["positions"] == 80 + 70 + 8 + 70 + 8

@@ -124,14 +124,16 @@ def _counts(positions: int, n_pairs: int, model: FlopModel) -> dict[str, int]:
 
 
 def plan_flops(batches: Sequence[ScoreBatch], model: FlopModel, *, kernel: str = "cpu-sdpa",
-               attention_mask: bool = False) -> dict[str, int]:
+               attention_mask: bool = False, split_attention: bool = True) -> dict[str, int]:
     """FLOP of running ``batches`` with :func:`~critic_audit.critic.infer.score_plan` (in one call).
 
     Shared spans are counted as ``score_plan``'s prefix cache feeds them: once per call while the
     plan stays under them (a plan split in chunks feeds them once per chunk). ``kernel="cpu-sdpa"``
     counts pads (linear and attention) and the masked pairs the CPU kernel computes;
     ``"exact"`` counts real positions and causal pairs only. ``attention_mask``: the padding mask
-    is passed (no ``is_causal``).
+    is passed (no ``is_causal``). ``split_attention``: batches that ask for split attention get it
+    (CPU, SDPA): ``q x P`` unmasked pairs to the prefix plus the causal blocks of the row's own
+    ``q`` positions, instead of the masked ``q x (P + q)`` rectangle.
 
     Returns:
         ``{"positions", "pairs", "linear", "attention", "total"}``: positions fed, query-key pairs
@@ -141,6 +143,14 @@ def plan_flops(batches: Sequence[ScoreBatch], model: FlopModel, *, kernel: str =
     positions = n_pairs = 0
     current: list[tuple] = []
     for bt in batches:
+        split = split_attention and bt.split_attention and not attention_mask
+
+        def attend(q: int, start: int) -> int:
+            """Pairs of one row of ``q`` positions after ``start`` cached ones."""
+            if split and start and not exact:
+                return q * start + pairs(q, q, causal=True, kernel=kernel)
+            return pairs(q, start + q, causal=not start and not attention_mask, kernel=kernel)
+
         if bt.prefix:
             j = 0
             while j < len(current) and j < len(bt.prefix) and current[j][0] == bt.prefix[j][0]:
@@ -149,7 +159,7 @@ def plan_flops(batches: Sequence[ScoreBatch], model: FlopModel, *, kernel: str =
             for node in bt.prefix[j:]:
                 _, s, e = node
                 positions += e - s
-                n_pairs += pairs(e - s, e, causal=s == 0, kernel=kernel)
+                n_pairs += attend(e - s, s)
                 current.append(node)
         p = bt.prefix_length
         rows, cols = bt.shape()
@@ -161,8 +171,10 @@ def plan_flops(batches: Sequence[ScoreBatch], model: FlopModel, *, kernel: str =
             n_pairs += sum(pairs(e - s, e, causal=False, kernel="exact") for _, s, e in segs)
         else:
             positions += rows * cols
-            causal = not (p or bt.packed or attention_mask)
-            n_pairs += rows * pairs(cols, p + cols, causal=causal, kernel=kernel)
+            if bt.packed:
+                n_pairs += rows * pairs(cols, cols, causal=False, kernel=kernel)
+            else:
+                n_pairs += rows * attend(cols, p)
     return _counts(positions, n_pairs, model)
 
 
