@@ -285,3 +285,19 @@ def test_split_rows_is_optimal(lengths, prefix, budget, pass_tokens):
         assert len(real) <= 1 or len(real) * (prefix + lengths[real[0]]) <= budget
         cost += len(real) * lengths[real[0]] + pass_tokens
     assert cost == _brute_split(lengths, prefix, budget, pass_tokens)
+
+
+def test_needed_positions_are_exact_and_not_fed(critic):
+    seqs = _agent_logs(seed=15)
+    full = score_values(critic, seqs, token_budget=256, strategy=Strategy(min_prefix=16))
+    needed = [max(len(s) - 7, 0) if k % 2 else len(s) for k, s in enumerate(seqs)]
+    st_full: dict = {}
+    score_values(critic, seqs, token_budget=256, strategy=Strategy(min_prefix=16), stats=st_full)
+    st_: dict = {}
+    got = score_values(critic, seqs, token_budget=256, strategy=Strategy(min_prefix=16), needed=needed, stats=st_)
+    for v, w, n in zip(full, got, needed, strict=True):
+        assert len(w) == len(v) and np.isnan(w[n:]).all()
+        np.testing.assert_allclose(w[:n], v[:n], atol=1e-5, equal_nan=True)
+    assert st_["real_tokens"] == sum(max(n - 1, 0) for n in needed) < st_full["real_tokens"]
+    with pytest.raises(ConfigError, match="needed"):
+        score_values(critic, seqs, needed=needed[:-1])

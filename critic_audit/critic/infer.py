@@ -527,7 +527,7 @@ def _split_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     (stacked in one row) to the prefix, unmasked; ``o_2, lse_2`` = causal attention of each row to
     its own positions (``is_causal``: real positions never see the pads that follow them);
     ``o = o_1 exp(lse_1 - lse) + o_2 exp(lse_2 - lse)`` with ``lse = logaddexp(lse_1, lse_2)``
-    (the merge of FlashAttention, arXiv:2205.14135). Without a prefix: transformers' SDPA.
+    (the merge of FlashAttention, arXiv:2205.14135), computed as ``lerp(o_2, o_1, sigmoid(lse_1 - lse_2))``. Without a prefix: transformers' SDPA.
     Returns ``(output [B, q, H, d], None)`` as transformers' attention functions do."""
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
@@ -543,10 +543,10 @@ def _split_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     o2, l2 = _flash_cpu(query, repeat_kv(key, rep), repeat_kv(value, rep), 0.0, q > 1, scale=scaling)
     o1, l1 = _flash_cpu(query.transpose(0, 1).reshape(1, h, b * q, d), repeat_kv(pk, rep), repeat_kv(pv, rep),
                         0.0, False, scale=scaling)
-    o1, l1 = o1.reshape(h, b, q, d).transpose(0, 1), l1.reshape(h, b, q).transpose(0, 1)
-    lse = torch.logaddexp(l1, l2)
-    out = o1 * torch.exp(l1 - lse)[..., None] + o2 * torch.exp(l2 - lse)[..., None]
-    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+    # o = o_2 + w (o_1 - o_2), w = exp(lse_1 - lse) = sigmoid(lse_1 - lse_2): one fused lerp, [B, H, q, d]
+    w = torch.sigmoid(l1.reshape(h, b, q).transpose(0, 1) - l2).to(query.dtype)
+    out = torch.lerp(o2, o1.reshape(h, b, q, d).transpose(0, 1), w[..., None])
+    return out.transpose(1, 2), None
 
 
 def _can_split(backbone: torch.nn.Module, device: torch.device) -> bool:
@@ -750,6 +750,7 @@ def score_values(
     stats: dict | None = None,
     attention_mask: bool = False,
     strategy: Strategy | str | None = "auto",
+    needed: Sequence[int] | None = None,
 ) -> list[np.ndarray]:
     """Per-token critic values for each token-id sequence, in input order.
 
@@ -771,21 +772,32 @@ def score_values(
             right padding (the values are the same) and slower, so off by default.
         strategy: a :class:`Strategy`, a layout name (``"padded"``, ``"packed"``), or ``"auto"``
             (:func:`default_strategy` for the critic's device).
+        needed: optional, per sequence, how many leading values the caller uses (e.g. one past the
+            last policy token): ``values[needed[i]:]`` are nan and the tokens they would need are not
+            fed (a causal critic's earlier values do not depend on them: exact). None: all.
 
     Returns:
         float32 arrays of the same lengths: ``values[0] = nan``, ``values[t] = head(h[t-1])``.
 
     Raises:
         ConfigError: a sequence longer than ``critic.max_length``, not 1-D integer, with ids out of
-            the vocabulary, ``token_budget < 1`` or an unknown strategy.
+            the vocabulary, ``token_budget < 1``, an unknown strategy, or ``needed`` not one
+            non-negative count per sequence.
     """
     seqs = _validate(sequences, critic.max_length, _vocab_size(critic))
+    if needed is not None:
+        if len(needed) != len(seqs) or any(int(n) < 0 for n in needed):
+            raise ConfigError(f"needed must give one count >= 0 per sequence ({len(seqs)}), got {len(needed)}")
+        full = [len(x) for x in seqs]
+        seqs = [x[: int(n)] for x, n in zip(seqs, needed, strict=True)]
     strat = resolve_strategy(strategy, critic.device.type, getattr(critic.backbone, "config", None),
                              attention_mask=attention_mask)
     batches = plan_scoring(seqs, token_budget, strat)
     out = score_plan(critic, seqs, batches, progress=progress, stats=stats, attention_mask=attention_mask)
     if stats is not None:
         stats["strategy"] = strat.as_dict()
+    if needed is not None:
+        out = [np.concatenate([v, np.full(n - len(v), np.nan, dtype=np.float32)]) for v, n in zip(out, full, strict=True)]
     return out
 
 
