@@ -10,14 +10,22 @@ machine hits them alike):
 - ``padded fp32``: no prefix sharing, sorted batches under ``--token-budget``, right padding;
 - ``packed fp32``: no prefix sharing, padding-free rows of ``--pack-length`` tokens (block-diagonal mask);
 - ``shared fp32``: the default (``strategy="auto"``): shared prefixes fed once (every tau-bench
-  trajectory starts with the same ~1.35k-token policy prompt), the rest padded;
+  trajectory starts with the same ~1.35k-token policy prompt), the continuations grouped for the
+  fewest pads and attending to the prefix by split attention (no mask, no per-row copy of its cache);
+- ``shared-masked fp32``: the same with ``split_attention=False`` (the prefix cache expanded per row,
+  a materialised mask): the A/B of split attention;
 - ``shared bf16`` / ``shared fp16``: the same with a bf16 / fp16 backbone (head in fp32);
-- ``--eager``: ``shared fp32`` with eager attention instead of SDPA.
+- ``shared-eager``: ``shared fp32`` with eager attention instead of SDPA.
 
 Per mode: median tokens/s over ``--repeats`` (scored positions per second: ``len - 1`` per trajectory,
-the same count for every mode), its median ratio to the naive loop of the same repeat, and the max
-abs difference of the values from the naive fp32 loop against the value scale (max |v|). The last
-line names the fastest mode whose error is within 1 % of the value scale.
+the same count for every mode), its median ratio to the naive loop of the same repeat, the max abs
+difference of the values from the naive fp32 loop against the value scale (max |v|), and the analytic
+FLOP of the mode's plan (``critic_audit.critic.flops``: linear layers per position fed, pads included,
+plus the query-key pairs PyTorch's CPU SDPA kernel computes, masked blocks included), its ratio
+"FLOP x" to the naive loop's, and the GFLOP/s achieved. The second-last line states the exact-method
+bound (naive FLOP / the least FLOP of any exact method: every distinct position of the radix tree
+fed once, causal pairs only) and each mode's measured ratio beside its FLOP ratio; the last line
+names the fastest mode whose error is within 1 % of the value scale.
 
 Usage::
 
@@ -49,7 +57,7 @@ SHARED = next((p for p in (r / "shared" / "data" / "tau_bench_airline" / "histor
                            for r in ROOT.parents[:2]) if p.exists()), ROOT.parent / "shared")
 SAMPLE = ROOT / "sample_data" / "tau_bench_airline" / "gpt-4o-airline.sample20.json"
 HEAD = ROOT / "sample_data" / "critic" / "smollm2_value_head.safetensors"
-MODES = ("naive", "rows", "padded", "packed", "shared", "shared-bf16", "shared-fp16", "shared-eager")
+MODES = ("naive", "rows", "padded", "packed", "shared", "shared-masked", "shared-bf16", "shared-fp16", "shared-eager")
 
 
 def render(messages: list[dict]) -> list[dict]:
@@ -176,6 +184,8 @@ def main() -> int:
         if mode == "packed":
             return {"token_budget": args.token_budget,
                     "strategy": Strategy(layout="packed", share_prefix=False, pack_length=args.pack_length)}
+        if mode == "shared-masked":
+            return {"token_budget": args.token_budget, "strategy": Strategy(split_attention=False)}
         return {"token_budget": args.token_budget, "strategy": "auto"}
 
     fm = FlopModel.from_config(c32.backbone.config)
@@ -183,7 +193,8 @@ def main() -> int:
     for m in modes[1:]:
         o = options(m)
         strat = resolve_strategy(o["strategy"], "cpu", c32.backbone.config)
-        flops[m] = plan_flops(plan_scoring(seqs, o["token_budget"], strat), fm)["total"]
+        flops[m] = plan_flops(plan_scoring(seqs, o["token_budget"], strat), fm,
+                              split_attention=m in ("shared", "shared-bf16", "shared-fp16"))["total"]
     flops["bound"] = exact_bound(seqs, fm)["total"]
 
     def run(mode: str):
@@ -251,7 +262,7 @@ def summary(modes, tps, ratio, vals, info, flops, n_tok, repeats: int, *, final:
     print(f"exact-method bound: {bound:.2f}x the naive loop's FLOP ({flops['bound'] / 1e9:.1f} GFLOP: every "
           f"distinct position once, causal pairs only); measured vs FLOP ratio: {close}")
     ok = [r for r in rows if r[0] != "naive" and r[3] <= 0.01 * scale]
-    fp32 = [r for r in rows if r[0] in ("rows", "padded", "packed", "shared")]
+    fp32 = [r for r in rows if r[0] in ("rows", "padded", "packed", "shared", "shared-masked")]
     if fp32:
         best32 = max(fp32, key=lambda r: r[2])
         others = ", ".join(f"{m} {r:.2f}x" for m, _, r, _ in fp32 if m != "shared")
