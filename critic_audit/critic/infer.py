@@ -17,9 +17,13 @@ states of those positions exactly.
   step-wise log repeats turn after turn) is fed once, and its key/value cache is reused for the
   continuations. Causal attention makes this exact (same values up to float rounding: tested to
   1e-5 in float32 against scoring every sequence whole).
+- **split attention** (``split_attention``, CPU with SDPA): the continuations of a prefix attend
+  to it in one unmasked call for all their queries plus a causal call over their own positions,
+  merged by log-sum-exp (:func:`_split_sdpa`): no per-row copy of the prefix's cache, no mask.
 - **layout** ``"padded"``: the rest (whole sequences, or continuations of one prefix) sorted by
-  length, longest first, and grouped greedily into batches whose padded size stays within
-  ``token_budget`` (a single longer sequence runs alone), right padded. Right padding never changes
+  length, longest first, and cut into consecutive batches within ``token_budget`` (a single longer
+  sequence runs alone) that feed the fewest positions plus ``pass_tokens`` per pass
+  (:func:`split_rows`), right padded. Right padding never changes
   the hidden states of real tokens under causal attention, so no padding mask is passed (which keeps
   SDPA on its fused causal kernel) and values do not depend on batch composition.
 - **layout** ``"packed"``: padding-free: several whole sequences concatenated in one row of at most
