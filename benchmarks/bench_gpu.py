@@ -151,10 +151,11 @@ def main() -> int:
             attns.append("flash_attention_2")
         except ImportError:
             print("  (flash-attn not installed: packed rows use SDPA with a block-diagonal mask)")
-        layouts = [("varied", "padded", Strategy(share_prefix=False)),
+        few = 4096 if dev.type == "cuda" else 32  # pass_tokens: few large batches on a GPU (see Strategy)
+        layouts = [("varied", "padded", Strategy(share_prefix=False, pass_tokens=few)),
                    ("varied", "packed", Strategy(layout="packed", share_prefix=False, pack_length=args.pack_length)),
-                   ("groups", "padded", Strategy(share_prefix=False)),
-                   ("groups", "shared", Strategy(share_prefix=True))]
+                   ("groups", "padded", Strategy(share_prefix=False, pass_tokens=few)),
+                   ("groups", "shared", Strategy(share_prefix=True, pass_tokens=few))]
         score_values(critic, data["varied"][:2], token_budget=args.token_budget)  # warm-up (kernels, allocator)
 
         def row(label: str, tokens: int, seconds: float, extra: dict) -> None:
@@ -202,6 +203,14 @@ def main() -> int:
                          f"{', '.join(st['devices'])}"})
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1, default=str))
+    tps = {r["row"]: r["tokens_per_s"] for r in rows}
+    for a, b, what in (("varied / packed / sdpa", "varied / padded / sdpa", "packed vs padded"),
+                       ("varied / packed / flash_attention_2", "varied / padded / sdpa", "packed (flash varlen) vs padded"),
+                       ("groups / shared / sdpa", "groups / padded / sdpa", "shared prefixes vs padded")):
+        if a in tps and b in tps:
+            print(f"{what}: {tps[a] / tps[b]:.2f}x tokens/s")
+    if dev.type != "cuda":
+        print("note: run on CPU (a check of this script), not on a GPU: no MFU; the GPU figures are still to be measured")
     best = max((r for r in rows if "workers" not in r), key=lambda r: r["tokens_per_s"])
     print(f"best: {best['row']}: {best['tokens_per_s']:.0f} tokens/s, MFU {100 * best['mfu']:.1f}% "
           f"({100 * best['mfu_non_embedding']:.1f}% without the embedding); total {time.perf_counter() - t_start:.0f} s")

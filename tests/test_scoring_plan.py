@@ -25,6 +25,7 @@ from critic_audit.critic.infer import (
 )
 from critic_audit.errors import ConfigError
 
+
 ALONE = Strategy(share_prefix=False)
 
 
@@ -218,3 +219,85 @@ def test_distributed_with_shared_prefixes_equals_score_values(critic, tmp_path):
     assert st_["n_chunks"] > 3 and st_["shared_prefix_tokens"] > 0 and st_["strategy"] == strat.as_dict()
     for a, b in zip(plain, vals, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_split_attention_equals_masked_cache_and_alone(critic):
+    """Rows below a (nested) prefix by split attention: the values of the masked-cache path and of
+    scoring each sequence alone; the split path really ran (prefix spans and rows)."""
+    seqs = _agent_logs(seed=12) + _agent_logs(seed=13)
+    ref = _alone(critic, seqs)
+    st_split: dict = {}
+    split = score_values(critic, seqs, token_budget=256, strategy=Strategy(min_prefix=16), stats=st_split)
+    st_mask: dict = {}
+    masked = score_values(critic, seqs, token_budget=256, strategy=Strategy(min_prefix=16, split_attention=False),
+                          stats=st_mask)
+    assert st_split["split_attention_passes"] >= 3 and st_mask["split_attention_passes"] == 0
+    assert st_split["batch_shapes"] == st_mask["batch_shapes"]
+    _close(ref, split)
+    _close(masked, split)
+    assert critic.backbone.config._attn_implementation == "sdpa"  # restored after the passes
+
+
+def test_split_attention_bf16_close(tmp_path):
+    """In bf16 the split path stays as close to fp32 as the masked path (the merge runs in fp32)."""
+    path = make_critic_dir(tmp_path / "c", seed=3)
+    seqs = _agent_logs(seed=14)
+    with torch_threads(1):
+        ref = _alone(load_critic(path, device="cpu", dtype="float32"), seqs)
+        c16 = load_critic(path, device="cpu", dtype="bfloat16")
+        got = score_values(c16, seqs, token_budget=256, strategy=Strategy(min_prefix=16))
+        masked = score_values(c16, seqs, token_budget=256, strategy=Strategy(min_prefix=16, split_attention=False))
+    scale = max(float(np.nanmax(np.abs(v))) for v in ref if len(v) > 1)
+    err = max(float(np.nanmax(np.abs(a - b))) for a, b in zip(ref, got) if len(a) > 1)
+    err_masked = max(float(np.nanmax(np.abs(a - b))) for a, b in zip(ref, masked) if len(a) > 1)
+    assert err < 0.05 * scale and err < 2 * err_masked + 1e-3
+
+
+def _brute_split(lengths, prefix, budget, pass_tokens):
+    """Every way to cut the sorted rows into consecutive batches: the least cost."""
+    m = len(lengths)
+    best = None
+    for mask in range(1 << max(m - 1, 0)):
+        cuts = [0] + [k + 1 for k in range(m - 1) if mask >> k & 1] + [m]
+        cost = 0
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if b - a > 1 and (b - a) * (prefix + lengths[a]) > budget:
+                cost = None
+                break
+            cost += (b - a) * lengths[a] + pass_tokens
+        if cost is not None and (best is None or cost < best):
+            best = cost
+    return best
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=9), st.integers(0, 50), st.integers(1, 400),
+       st.integers(0, 80))
+def test_split_rows_is_optimal(lengths, prefix, budget, pass_tokens):
+    from critic_audit.critic.infer import split_rows
+
+    lengths = sorted(lengths, reverse=True)
+    runs = split_rows(lengths + [0], prefix, budget, pass_tokens)
+    assert [k for r in runs for k in r] == list(range(len(lengths) + 1))  # in order, each once; the 0 last
+    cost = 0
+    for r in runs:
+        real = [k for k in r if lengths[k:k + 1] and lengths[k] > 0]
+        assert len(real) <= 1 or len(real) * (prefix + lengths[real[0]]) <= budget
+        cost += len(real) * lengths[real[0]] + pass_tokens
+    assert cost == _brute_split(lengths, prefix, budget, pass_tokens)
+
+
+def test_needed_positions_are_exact_and_not_fed(critic):
+    seqs = _agent_logs(seed=15)
+    full = score_values(critic, seqs, token_budget=256, strategy=Strategy(min_prefix=16))
+    needed = [max(len(s) - 7, 0) if k % 2 else len(s) for k, s in enumerate(seqs)]
+    st_full: dict = {}
+    score_values(critic, seqs, token_budget=256, strategy=Strategy(min_prefix=16), stats=st_full)
+    st_: dict = {}
+    got = score_values(critic, seqs, token_budget=256, strategy=Strategy(min_prefix=16), needed=needed, stats=st_)
+    for v, w, n in zip(full, got, needed, strict=True):
+        assert len(w) == len(v) and np.isnan(w[n:]).all()
+        np.testing.assert_allclose(w[:n], v[:n], atol=1e-5, equal_nan=True)
+    assert st_["real_tokens"] == sum(max(n - 1, 0) for n in needed) < st_full["real_tokens"]
+    with pytest.raises(ConfigError, match="needed"):
+        score_values(critic, seqs, needed=needed[:-1])

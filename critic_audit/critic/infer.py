@@ -17,9 +17,13 @@ states of those positions exactly.
   step-wise log repeats turn after turn) is fed once, and its key/value cache is reused for the
   continuations. Causal attention makes this exact (same values up to float rounding: tested to
   1e-5 in float32 against scoring every sequence whole).
+- **split attention** (``split_attention``, CPU with SDPA): the continuations of a prefix attend
+  to it in one unmasked call for all their queries plus a causal call over their own positions,
+  merged by log-sum-exp (:func:`_split_sdpa`): no per-row copy of the prefix's cache, no mask.
 - **layout** ``"padded"``: the rest (whole sequences, or continuations of one prefix) sorted by
-  length, longest first, and grouped greedily into batches whose padded size stays within
-  ``token_budget`` (a single longer sequence runs alone), right padded. Right padding never changes
+  length, longest first, and cut into consecutive batches within ``token_budget`` (a single longer
+  sequence runs alone) that feed the fewest positions plus ``pass_tokens`` per pass
+  (:func:`split_rows`), right padded. Right padding never changes
   the hidden states of real tokens under causal attention, so no padding mask is passed (which keeps
   SDPA on its fused causal kernel) and values do not depend on batch composition.
 - **layout** ``"packed"``: padding-free: several whole sequences concatenated in one row of at most
@@ -35,6 +39,8 @@ batches (a resumable chunk, a worker's share) gives values bit-identical to one 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import math
 import logging
 import time
@@ -200,22 +206,40 @@ class Strategy:
         min_prefix: the shortest shared span (tokens) given a forward pass of its own; shorter
             shared spans (a chat template's default system line) are recomputed per sequence.
         pack_length: the most tokens in one packed row (a longer sequence gets a row alone).
+        split_attention: on CPU with SDPA, rows below a shared prefix attend to it in one
+            unmasked attention call for all rows (their queries stacked, the prefix's keys not copied
+            per row) plus a causal call over their own tokens, merged by log-sum-exp (exact: the
+            same softmax split in two parts); off: the prefix's cache is expanded per row and the
+            rows attend through a materialised ``[rows, 1, cols, prefix + cols]`` mask.
+        pass_tokens: how padded rows are grouped into batches: the grouping of the rows (sorted by
+            length) into consecutive batches within ``token_budget`` that feeds the fewest positions
+            (pads included) plus ``pass_tokens`` per forward pass (the cost of a pass, in positions);
+            ``0``: as few pads as possible; large: as few passes as possible (the greedy grouping).
     """
 
     layout: str = "padded"
     share_prefix: bool = True
     min_prefix: int = 64
     pack_length: int = 4096
+    split_attention: bool = True
+    pass_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ConfigError(f"unknown scoring layout {self.layout!r}", fix=f"use one of {', '.join(LAYOUTS)}")
         if self.min_prefix < 1 or self.pack_length < 1:
             raise ConfigError(f"min_prefix and pack_length must be >= 1, got {self.min_prefix} and {self.pack_length}")
+        if self.pass_tokens < 0:
+            raise ConfigError(f"pass_tokens must be >= 0, got {self.pass_tokens}")
 
     def as_dict(self) -> dict:
         return {"layout": self.layout, "share_prefix": self.share_prefix, "min_prefix": self.min_prefix,
-                "pack_length": self.pack_length}
+                "pack_length": self.pack_length, "split_attention": self.split_attention,
+                "pass_tokens": self.pass_tokens}
+
+    def replace(self, **changes: Any) -> Strategy:
+        """A copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
 
 
 def default_strategy(device_type: str = "cpu") -> Strategy:
@@ -223,8 +247,12 @@ def default_strategy(device_type: str = "cpu") -> Strategy:
     ``benchmarks/bench_inference.py`` (CPU) and ``benchmarks/bench_gpu.py`` (CUDA); see docs/critics.md.
     Shared prefixes are always fed once (exact, and the largest saving on agent logs); on CPU
     padded rows of sorted sequences beat packing (a packed row's block-diagonal mask makes SDPA
-    compute the whole row's attention)."""
-    return Strategy(layout="padded", share_prefix=True)
+    compute the whole row's attention), rows are grouped for the fewest pads (a forward pass costs
+    little on CPU) and rows below a prefix use split attention. On CUDA passes cost more (launches,
+    small matrix products): rows are grouped into few large batches."""
+    if device_type == "cpu":
+        return Strategy(layout="padded", share_prefix=True, pass_tokens=32)
+    return Strategy(layout="padded", share_prefix=True, pass_tokens=4096)
 
 
 def resolve_strategy(strategy: Strategy | str | None, device_type: str, config: Any = None, *,
@@ -238,12 +266,10 @@ def resolve_strategy(strategy: Strategy | str | None, device_type: str, config: 
     elif isinstance(strategy, str):
         strategy = Strategy(layout=strategy)
     if attention_mask:
-        return Strategy(layout="padded", share_prefix=False, min_prefix=strategy.min_prefix,
-                        pack_length=strategy.pack_length)
+        return strategy.replace(layout="padded", share_prefix=False)
     if strategy.share_prefix and not _full_attention(config):
         log.info("shared-prefix reuse is off: the backbone has sliding-window (or unknown) attention")
-        return Strategy(layout=strategy.layout, share_prefix=False, min_prefix=strategy.min_prefix,
-                        pack_length=strategy.pack_length)
+        return strategy.replace(share_prefix=False)
     return strategy
 
 
@@ -280,11 +306,14 @@ class ScoreBatch:
             ``[start, end)`` are common to every member; their key/value cache is computed once per
             call (reused by every batch below that node) and their values go to every member.
         packed: rows hold several sequences with per-sequence position ids.
+        split_attention: the rows attend to the prefix by split attention where the device allows
+            (:class:`Strategy`); the values are the same up to float rounding either way.
     """
 
     rows: tuple[tuple[Segment, ...], ...]
     prefix: tuple[Segment, ...] = ()
     packed: bool = False
+    split_attention: bool = False
 
     @property
     def members(self) -> list[int]:
@@ -304,7 +333,7 @@ class ScoreBatch:
     def relabel(self, mapping: dict[int, int]) -> ScoreBatch:
         """The same batch with sequence ``i`` renamed ``mapping[i]`` (node ids kept)."""
         rows = tuple(tuple((mapping[i], s, e) for i, s, e in row) for row in self.rows)
-        return ScoreBatch(rows=rows, prefix=self.prefix, packed=self.packed)
+        return dataclasses.replace(self, rows=rows)
 
 
 def batch_members(batches: Sequence[ScoreBatch]) -> list[int]:
@@ -342,26 +371,60 @@ def plan_scoring(sequences: Sequence[np.ndarray], token_budget: int, strategy: S
     else:
         root = [(i, 0, fed[i]) for i in idx]
     batches: list[ScoreBatch] = []
+    split = strategy.split_attention
     for path, segs in groups:
-        p = path[-1][2]
         order = sorted(segs, key=lambda g: (-(g[2] - g[1]), g[0]))
-        cur: list[Segment] = []
-        width = 0
-        for g in order:
-            n = g[2] - g[1]
-            if cur and (len(cur) + 1) * (p + max(width, n)) > token_budget and n > 0:
-                batches.append(ScoreBatch(rows=tuple((x,) for x in cur), prefix=path))
-                cur, width = [], 0
-            cur.append(g)
-            width = max(width, n)
-        batches.append(ScoreBatch(rows=tuple((x,) for x in cur), prefix=path))
+        for run in split_rows([g[2] - g[1] for g in order], path[-1][2], token_budget, strategy.pass_tokens):
+            batches.append(ScoreBatch(rows=tuple((order[k],) for k in run), prefix=path, split_attention=split))
     if strategy.layout == "packed":
         batches += _pack(root, strategy.pack_length, token_budget)
     else:
-        lengths = {i: e for i, _, e in root}
-        full = [lengths.get(i, 0) for i in range(len(fed))]
-        batches += [ScoreBatch(rows=tuple(((i, 0, full[i]),) for i in b)) for b in plan_batches(full, token_budget)]
+        order = sorted(root, key=lambda g: (-g[2], g[0]))
+        for run in split_rows([g[2] for g in order], 0, token_budget, strategy.pass_tokens):
+            batches.append(ScoreBatch(rows=tuple((order[k],) for k in run)))
     return batches
+
+
+#: the most rows :func:`split_rows` puts in one batch (bounds its cost on many short sequences)
+MAX_ROWS = 512
+
+
+def split_rows(lengths: Sequence[int], prefix: int, token_budget: int, pass_tokens: int) -> list[list[int]]:
+    """Cut rows of ``lengths`` (sorted longest first) into consecutive batches: each within
+    ``rows x (prefix + its longest row) <= token_budget`` (a single row always fits), the whole
+    feeding the fewest ``positions fed (pads included) + pass_tokens x passes``; ties go to fewer
+    passes. Dynamic programming over the cut points, O(n x rows per batch), batches of at most
+    ``MAX_ROWS`` rows. Rows of length 0 (all in the prefix) join the last batch. Returns the index
+    lists, in order.
+
+    Raises:
+        ValueError: ``lengths`` not sorted longest first.
+    """
+    n = len(lengths)
+    if n and any(lengths[k] < lengths[k + 1] for k in range(n - 1)):
+        raise ValueError("split_rows needs lengths sorted longest first")
+    m = sum(1 for x in lengths if x > 0)
+    if m == 0:
+        return [list(range(n))] if n else []
+    inf = float("inf")
+    best = [0.0] + [inf] * m  # best[j]: the cost of the first j rows
+    cut = [0] * (m + 1)
+    for j in range(1, m + 1):
+        for i in range(j - 1, -1, -1):  # the batch holds rows i..j-1; its width is lengths[i]
+            rows = j - i
+            if rows > 1 and (rows * (prefix + lengths[i]) > token_budget or rows > MAX_ROWS):
+                break
+            c = best[i] + rows * lengths[i] + pass_tokens
+            if c < best[j] or (c == best[j] and i < cut[j]):
+                best[j], cut[j] = c, i
+    runs: list[list[int]] = []
+    j = m
+    while j > 0:
+        runs.append(list(range(cut[j], j)))
+        j = cut[j]
+    runs.reverse()
+    runs[-1] += list(range(m, n))
+    return runs
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -450,9 +513,77 @@ def _pack(segs: list[Segment], pack_length: int, token_budget: int) -> list[Scor
     return batches
 
 
+#: the key/value cache of the shared prefix (per layer ``(keys, values)`` ``[1, kv heads, P, head dim]``)
+#: that :func:`_split_sdpa` attends to, set while a batch under a prefix runs with split attention
+_PREFIX_KV: contextvars.ContextVar = contextvars.ContextVar("critic_audit_prefix_kv", default=None)
+SPLIT_ATTENTION = "critic_audit_split_sdpa"
+_flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _split_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention of rows below a shared prefix, exact, without a mask or per-row copies of the prefix.
+
+    ``query`` [B, H, q, d] and ``key``/``value`` [B, H_kv, q, d] are the rows' own positions (right
+    padded); the prefix's keys and values [1, H_kv, P, d] come from ``_PREFIX_KV``. Softmax over
+    the prefix and the row splits in two parts: ``o_1, lse_1`` = attention of all ``B x q`` queries
+    (stacked in one row) to the prefix, unmasked; ``o_2, lse_2`` = causal attention of each row to
+    its own positions (``is_causal``: real positions never see the pads that follow them);
+    ``o = o_1 exp(lse_1 - lse) + o_2 exp(lse_2 - lse)`` with ``lse = logaddexp(lse_1, lse_2)``
+    (the merge of FlashAttention, arXiv:2205.14135), computed as ``lerp(o_2, o_1, sigmoid(lse_1 - lse_2))``. Without a prefix: transformers' SDPA.
+    Returns ``(output [B, q, H, d], None)`` as transformers' attention functions do."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    prefix = _PREFIX_KV.get()
+    if prefix is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if attention_mask is not None:
+        raise RuntimeError("split attention got a mask: rows below a prefix are right padded, causal only")
+    pk, pv = prefix[module.layer_idx]
+    b, h, q, d = query.shape
+    rep = h // key.shape[1]
+    o2, l2 = _flash_cpu(query, repeat_kv(key, rep), repeat_kv(value, rep), 0.0, q > 1, scale=scaling)
+    o1, l1 = _flash_cpu(query.transpose(0, 1).reshape(1, h, b * q, d), repeat_kv(pk, rep), repeat_kv(pv, rep),
+                        0.0, False, scale=scaling)
+    # o = o_2 + w (o_1 - o_2), w = exp(lse_1 - lse) = sigmoid(lse_1 - lse_2): one fused lerp, [B, H, q, d]
+    w = torch.sigmoid(l1.reshape(h, b, q).transpose(0, 1) - l2).to(query.dtype)
+    out = torch.lerp(o2, o1.reshape(h, b, q, d).transpose(0, 1), w[..., None])
+    return out.transpose(1, 2), None
+
+
+def _can_split(backbone: torch.nn.Module, device: torch.device) -> bool:
+    """Split attention runs on CPU, for a backbone on SDPA, when this torch has the CPU flash kernel."""
+    impl = getattr(getattr(backbone, "config", None), "_attn_implementation", None)
+    return device.type == "cpu" and _flash_cpu is not None and impl in ("sdpa", SPLIT_ATTENTION)
+
+
+@contextlib.contextmanager
+def _split_attention(backbone: torch.nn.Module, kv: list | None) -> Iterator[None]:
+    """Run the block's forward passes with :func:`_split_sdpa` attending to the prefix ``kv``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if SPLIT_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(SPLIT_ATTENTION, _split_sdpa)
+        AttentionMaskInterface.register(SPLIT_ATTENTION, sdpa_mask)
+    cfg = backbone.config
+    before = cfg._attn_implementation
+    token = _PREFIX_KV.set(kv)
+    cfg._attn_implementation = SPLIT_ATTENTION
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = before
+        _PREFIX_KV.reset(token)
+
+
 class _PrefixCache:
     """The key/value cache of the current path of shared spans (a stack: a batch under another node
-    pops what it does not share), with the float32 values of the spans' positions."""
+    pops what it does not share), with the float32 values of the spans' positions. With ``split``,
+    a span is fed by split attention over the spans above it (its own keys and values are then
+    appended once), otherwise with the cache of those spans."""
 
     def __init__(self, backbone: torch.nn.Module, device: torch.device, head: Callable) -> None:
         self.backbone, self.device, self.head = backbone, device, head
@@ -470,9 +601,12 @@ class _PrefixCache:
         return DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
                                             for k, v in self.kv], config=self.backbone.config)
 
-    def enter(self, path: Sequence[Segment], tokens: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+    def enter(self, path: Sequence[Segment], tokens: np.ndarray, *, split: bool = False
+              ) -> list[tuple[int, int, np.ndarray]]:
         """Make ``path`` the current one (``tokens``: a member's token ids); returns per span
         ``(start, end, values of positions start..end-1)``."""
+        from transformers import DynamicCache
+
         j = 0
         while j < len(self.nodes) and j < len(path) and self.nodes[j][0] == path[j][0]:
             j += 1
@@ -481,11 +615,20 @@ class _PrefixCache:
             p = self.nodes[-1][2] if self.nodes else 0
             self.kv = [(k[..., :p, :], v[..., :p, :]) for k, v in self.kv] if p else None
         for nid, s, e in path[j:]:
-            cache = self.cache(1)
             ids = torch.from_numpy(np.array(tokens[s:e], dtype=np.int64))[None].to(self.device)
-            out = self.backbone(input_ids=ids, past_key_values=cache, use_cache=True)
+            if split:
+                cache = DynamicCache(config=self.backbone.config)
+                with _split_attention(self.backbone, self.kv):
+                    out = self.backbone(input_ids=ids, position_ids=torch.arange(s, e, device=self.device)[None],
+                                        past_key_values=cache, use_cache=True)
+                new = [(layer.keys, layer.values) for layer in cache.layers]
+                self.kv = new if not self.kv else [(torch.cat([k, nk], dim=-2), torch.cat([v, nv], dim=-2))
+                                                   for (k, v), (nk, nv) in zip(self.kv, new, strict=True)]
+            else:
+                cache = self.cache(1)
+                out = self.backbone(input_ids=ids, past_key_values=cache, use_cache=True)
+                self.kv = [(layer.keys, layer.values) for layer in cache.layers]
             h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-            self.kv = [(layer.keys, layer.values) for layer in cache.layers]
             self.nodes.append((nid, s, e, self.head(h)[0]))
             self.computed += e - s
             self.shapes.append((1, e - s))
@@ -518,6 +661,8 @@ def score_plan(
     done = computed = in_rows = 0
     shapes: list[tuple[int, int]] = []
     prefixes = _PrefixCache(critic.backbone, dev, head)
+    can_split = _can_split(critic.backbone, dev) and not attention_mask
+    split_passes = 0
     t0 = time.perf_counter()
     if progress:
         progress(0, total)
@@ -525,8 +670,9 @@ def score_plan(
         for bt in batches:
             members = bt.members
             past = None
+            split = bt.split_attention and can_split and bool(bt.prefix)
             if bt.prefix:
-                for s, e, v in prefixes.enter(bt.prefix, sequences[members[0]]):
+                for s, e, v in prefixes.enter(bt.prefix, sequences[members[0]], split=split):
                     for i in members:
                         results[i][s + 1: e + 1] = v
             rows = [row for row in bt.rows if sum(e - s for _, s, e in row) > 0]
@@ -551,12 +697,19 @@ def score_plan(
                     kw["position_ids"] = pos.to(dev)
                 if mask is not None:
                     kw["attention_mask"] = mask.to(dev)
-                if bt.prefix:
+                ctx: Any = contextlib.nullcontext()
+                if split:
+                    p = bt.prefix_length
+                    kw.update(position_ids=torch.arange(p, p + cols, device=dev).expand(n_rows, -1), use_cache=False)
+                    ctx = _split_attention(critic.backbone, prefixes.kv)
+                    split_passes += 1
+                elif bt.prefix:
                     past = prefixes.cache(n_rows)
                     kw.update(past_key_values=past, use_cache=True)
                 else:
                     kw["use_cache"] = False
-                out = critic.backbone(input_ids=ids.to(dev), **kw)
+                with ctx:
+                    out = critic.backbone(input_ids=ids.to(dev), **kw)
                 v = head(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
                 del out, past
                 for r, row in enumerate(rows):
@@ -585,6 +738,7 @@ def score_plan(
             padding_efficiency=(fed_once / all_computed) if all_computed else 1.0,
             shared_prefix_tokens=total - fed_once,
             prefix_passes=len(prefixes.shapes),
+            split_attention_passes=split_passes,
             seconds=seconds,
             tokens_per_s=(total / seconds) if seconds > 0 else math.inf,
         )
@@ -600,6 +754,7 @@ def score_values(
     stats: dict | None = None,
     attention_mask: bool = False,
     strategy: Strategy | str | None = "auto",
+    needed: Sequence[int] | None = None,
 ) -> list[np.ndarray]:
     """Per-token critic values for each token-id sequence, in input order.
 
@@ -621,21 +776,32 @@ def score_values(
             right padding (the values are the same) and slower, so off by default.
         strategy: a :class:`Strategy`, a layout name (``"padded"``, ``"packed"``), or ``"auto"``
             (:func:`default_strategy` for the critic's device).
+        needed: optional, per sequence, how many leading values the caller uses (e.g. one past the
+            last policy token): ``values[needed[i]:]`` are nan and the tokens they would need are not
+            fed (a causal critic's earlier values do not depend on them: exact). None: all.
 
     Returns:
         float32 arrays of the same lengths: ``values[0] = nan``, ``values[t] = head(h[t-1])``.
 
     Raises:
         ConfigError: a sequence longer than ``critic.max_length``, not 1-D integer, with ids out of
-            the vocabulary, ``token_budget < 1`` or an unknown strategy.
+            the vocabulary, ``token_budget < 1``, an unknown strategy, or ``needed`` not one
+            non-negative count per sequence.
     """
     seqs = _validate(sequences, critic.max_length, _vocab_size(critic))
+    if needed is not None:
+        if len(needed) != len(seqs) or any(int(n) < 0 for n in needed):
+            raise ConfigError(f"needed must give one count >= 0 per sequence ({len(seqs)}), got {len(needed)}")
+        full = [len(x) for x in seqs]
+        seqs = [x[: int(n)] for x, n in zip(seqs, needed, strict=True)]
     strat = resolve_strategy(strategy, critic.device.type, getattr(critic.backbone, "config", None),
                              attention_mask=attention_mask)
     batches = plan_scoring(seqs, token_budget, strat)
     out = score_plan(critic, seqs, batches, progress=progress, stats=stats, attention_mask=attention_mask)
     if stats is not None:
         stats["strategy"] = strat.as_dict()
+    if needed is not None:
+        out = [np.concatenate([v, np.full(n - len(v), np.nan, dtype=np.float32)]) for v, n in zip(out, full, strict=True)]
     return out
 
 
