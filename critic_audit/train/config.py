@@ -165,6 +165,11 @@ class AlgoConfig:
     """Weight of the NLL on positive samples; None = the algorithm's (VAPO 0.1, others 0)."""
     dynamic_sampling: bool | None = None
     """Drop groups whose rewards are all equal from the policy loss; None = the algorithm's (DAPO on)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: ``entropy_coef`` times the token-mean entropy (nats, of the tempered sampling
+    distribution) over the mini-batch's policy-loss tokens is subtracted from every algorithm's policy
+    loss, the same way for all (verl's ``actor.entropy_coeff``, whose default is also 0; OpenRLHF and
+    TRL's PPO have the same term). ``actor/entropy`` is logged whatever the coefficient."""
     value_coef: float = 1.0
     """Weight of the critic loss (the critic has its own optimizer; this scales its gradient)."""
     cliprange_value: float | None = None
@@ -178,6 +183,7 @@ class AlgoConfig:
         if self.nll_coef is not None:
             _positive("algo", "nll_coef", self.nll_coef, allow_zero=True)
         _positive("algo", "value_coef", self.value_coef)
+        _positive("algo", "entropy_coef", self.entropy_coef, allow_zero=True)
 
 
 @dataclass(frozen=True)
