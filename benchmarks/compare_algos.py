@@ -61,7 +61,9 @@ VARIANTS: dict[str, list[str]] = {
     "mpo_token_ratio": ["algo.name=mpo", 'algo.policy_loss="ppo"'],
     "mpo_beta0": ["algo.name=mpo", "algo.advantage={beta=0.0}"],
     "mpo_geomean": ["algo.name=mpo", 'algo.loss={mode="geomean"}'],
-    "mpo_g1": ["algo.name=mpo", "rollout.group_size=1"],
+    "mpo_g4": ["algo.name=mpo", "rollout.group_size=4"],
+    "mpo_ent0": ["algo.name=mpo", "algo.entropy_coef=0.0"],
+    "ppo_ent0": ["algo.name=ppo", "algo.entropy_coef=0.0"],
     "mpo_nowhiten": ["algo.name=mpo", "algo.advantage={whiten=false}"],
 }
 DEFAULT_VARIANTS = "mpo,grpo,dr_grpo,dapo,gspo,ppo,vc_ppo,vapo,sao,mpo_token_ratio,mpo_beta0"

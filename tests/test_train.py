@@ -318,7 +318,8 @@ def test_token_entropy_matches_a_loop_reference():
             assert float(lp[b, t]) == pytest.approx(float(p[ids[b, t]].log()), abs=1e-5)
 
 
-def test_entropy_bonus_raises_entropy_for_every_algorithm(tmp_path):
+@pytest.mark.parametrize("algo", ["ppo", "gspo"])  # token-mean and sequence-mean policy losses
+def test_entropy_bonus_raises_entropy_for_every_algorithm(tmp_path, algo):
     import dataclasses
 
     def no_pg(lp, old_lp, adv, mask, turn_ids, config):  # the entropy term is then the only policy gradient
@@ -326,7 +327,7 @@ def test_entropy_bonus_raises_entropy_for_every_algorithm(tmp_path):
 
     ents = {}
     for coef in (0.0, 1.0):
-        cfg = load_config(None, TINY + ["steps=4", "algo.name=ppo", "log.rollouts_every=0", "optim.lr=1e-2",
+        cfg = load_config(None, TINY + ["steps=4", f"algo.name={algo}", "log.rollouts_every=0", "optim.lr=1e-2",
                                         "optim.num_minibatches=1", f"algo.entropy_coef={coef}"])
         tr = Trainer(cfg, tmp_path / f"run{coef}")
         tr.algo = dataclasses.replace(tr.algo, loss_fn=no_pg)
