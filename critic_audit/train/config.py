@@ -274,8 +274,9 @@ class TrainConfig:
     seed: int = 0
     """Seeds model initialisation, sampling, shuffling and the environment seeds."""
     steps: int = 200
-    """Training steps (one rollout batch each). 200 steps of the default credit task cost 80-140
-    CPU-seconds on one thread (docs/train.md)."""
+    """Training steps (one rollout batch each). 200 steps of the default credit task cost 80-100
+    CPU-seconds on one thread; at 200 steps MPO and PPO have learned it on some seeds, not all
+    (docs/train.md)."""
     device: str = "auto"
     """``auto`` (cuda if available), ``cpu``, ``cuda``, ``cuda:N``."""
     dtype: str = "auto"
