@@ -449,7 +449,8 @@ class Trainer:
                         ent_sum = (ent.float() * p_lmask).sum()
                         if cfg.algo.entropy_coef > 0:
                             total = total - cfg.algo.entropy_coef * ent_sum / mb_tokens
-                        add({"actor/entropy": float(ent_sum.detach()) / float(p_lmask.sum())}, float(p_lmask.sum()) / mb_tokens)
+                        n_tok = float(p_lmask.sum())
+                        add({"actor/entropy": float(ent_sum.detach()) / n_tok}, n_tok / mb_tokens)
                         if algo.nll_coef > 0 and bool(positive[part].any()):
                             pos_mask = p_lmask & positive[part][:, None]
                             n_pos_all = float((loss_mask[mb] & positive[mb][:, None]).sum())
