@@ -1,12 +1,12 @@
 """MPO against GRPO, Dr.GRPO, DAPO, GSPO, PPO, VC-PPO, VAPO and SAO, plus MPO's ablations, at equal
 environment steps on the synthetic credit-assignment environment (``critic_audit.train.envs.credit``).
 
-Every run uses the trainer's documented defaults (``critic-audit train --algo NAME``: tiny Llama, lr 1e-3,
+Every run uses the trainer's documented defaults (``critic-audit train --algo NAME``: tiny Llama, lr 1e-3, entropy bonus 0.01,
 16 episodes per step = ``episodes_per_step // G`` prompts x G, 200 steps); only the task (``--task``) and
 the seed change. Variants: the nine algorithms with their own defaults, ``mpo_token_ratio`` (MAE
 advantages with PPO's token ratio, the paper's ablation), ``mpo_beta0`` (beta = 0: no intra-turn
-refinement), ``mpo_geomean`` (geometric-mean turn ratio) and the diagnostics ``mpo_g1`` (G = 1) and
-``mpo_nowhiten``.
+refinement), ``mpo_geomean`` (geometric-mean turn ratio) and the diagnostics ``mpo_g4`` (G = 4: 4
+prompts x 4 rollouts instead of 16 x 1), ``mpo_nowhiten``, ``mpo_ent0`` and ``ppo_ent0`` (no entropy bonus).
 
 Tasks (``--task``):
 
@@ -61,7 +61,9 @@ VARIANTS: dict[str, list[str]] = {
     "mpo_token_ratio": ["algo.name=mpo", 'algo.policy_loss="ppo"'],
     "mpo_beta0": ["algo.name=mpo", "algo.advantage={beta=0.0}"],
     "mpo_geomean": ["algo.name=mpo", 'algo.loss={mode="geomean"}'],
-    "mpo_g1": ["algo.name=mpo", "rollout.group_size=1"],
+    "mpo_g4": ["algo.name=mpo", "rollout.group_size=4"],
+    "mpo_ent0": ["algo.name=mpo", "algo.entropy_coef=0.0"],
+    "ppo_ent0": ["algo.name=ppo", "algo.entropy_coef=0.0"],
     "mpo_nowhiten": ["algo.name=mpo", "algo.advantage={whiten=false}"],
 }
 DEFAULT_VARIANTS = "mpo,grpo,dr_grpo,dapo,gspo,ppo,vc_ppo,vapo,sao,mpo_token_ratio,mpo_beta0"

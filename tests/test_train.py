@@ -296,3 +296,48 @@ def test_value_warmup_moves_only_the_critic(tmp_path):
     rows = [tr.step() for _ in range(3)]
     assert torch.equal(before, params(tr.policy)) and not torch.equal(cbefore, params(tr.critic))
     assert [m["actor/updated"] for m in rows] == [0.0, 0.0, 0.0]
+
+
+def test_token_entropy_matches_a_loop_reference():
+    from critic_audit.train.models import token_log_probs
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=11, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2)).eval()
+    ids = torch.randint(0, 11, (2, 5))
+    attn = torch.ones_like(ids)
+    with torch.no_grad():
+        lp, ent = token_log_probs(model, ids, attn, 0.7, with_entropy=True)
+        assert torch.equal(lp, token_log_probs(model, ids, attn, 0.7))
+    logits = model(input_ids=ids, attention_mask=attn).logits.detach().double() / 0.7
+    for b in range(2):
+        assert ent[b, 0] == 0.0
+        for t in range(1, 5):
+            p = torch.softmax(logits[b, t - 1], -1)
+            assert float(ent[b, t]) == pytest.approx(float(-(p * p.log()).sum()), abs=1e-5)
+            assert float(lp[b, t]) == pytest.approx(float(p[ids[b, t]].log()), abs=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "gspo"])  # token-mean and sequence-mean policy losses
+def test_entropy_bonus_raises_entropy_for_every_algorithm(tmp_path, algo):
+    import dataclasses
+
+    def no_pg(lp, old_lp, adv, mask, turn_ids, config):  # the entropy term is then the only policy gradient
+        return (lp * 0.0).sum(), {}
+
+    ents = {}
+    for coef in (0.0, 1.0):
+        cfg = load_config(None, TINY + ["steps=4", f"algo.name={algo}", "log.rollouts_every=0", "optim.lr=1e-2",
+                                        "optim.num_minibatches=1", f"algo.entropy_coef={coef}"])
+        tr = Trainer(cfg, tmp_path / f"run{coef}")
+        tr.algo = dataclasses.replace(tr.algo, loss_fn=no_pg)
+        before = params(tr.policy)
+        rows = [tr.step() for _ in range(4)]
+        ents[coef] = [m["actor/entropy"] for m in rows]
+        assert torch.equal(before, params(tr.policy)) == (coef == 0.0)
+    # logged whatever the coefficient; with the bonus the tempered entropy rises toward log(vocab)
+    assert ents[1.0][0] == pytest.approx(ents[0.0][0], abs=1e-4)
+    assert ents[1.0][-1] > ents[1.0][0] + 0.01 and ents[1.0][-1] <= math.log(len(credit_tokenizer())) + 1e-4
+    with pytest.raises(ConfigError, match="entropy_coef"):
+        load_config(None, ["algo.entropy_coef=-0.1"])

@@ -2,7 +2,7 @@
 
 | algo | estimator | loss preset | critic | default G | extras |
 |---|---|---|---|---|---|
-| mpo | mae | mpo (turn ratio) | yes | 4 | |
+| mpo | mae | mpo (turn ratio) | yes | 1 | G > 1 only cuts distinct prompts (MAE reads no group) |
 | grpo | grpo | grpo | no | 4 | |
 | dr_grpo | dr_grpo | dr_grpo (C = max response tokens) | no | 4 | |
 | dapo | grpo | dapo (clip-higher) | no | 4 | dynamic sampling (drop all-equal groups) |
@@ -34,7 +34,7 @@ __all__ = ["Algorithm", "build_algorithm"]
 
 _TABLE: dict[str, tuple[str, bool, int, float, bool, int]] = {
     # name: (estimator, uses critic, default group size, NLL coefficient, dynamic sampling, value warmup steps)
-    "mpo": ("mae", True, 4, 0.0, False, 0),
+    "mpo": ("mae", True, 1, 0.0, False, 0),
     "grpo": ("grpo", False, 4, 0.0, False, 0),
     "dr_grpo": ("dr_grpo", False, 4, 0.0, False, 0),
     "dapo": ("grpo", False, 4, 0.0, True, 0),

@@ -121,19 +121,27 @@ def build_critic(cfg: ModelConfig, policy: Any, seed: int) -> Any:
     return model
 
 
-def token_log_probs(policy: Any, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
+def token_log_probs(policy: Any, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
+                    *, with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """(B, T) float32: log pi(token_t | tokens_<t) / of the tempered distribution, in nats; 0 at t = 0.
 
     Args:
         input_ids: (B, T) int64, right-padded.
         attention_mask: (B, T), 1 = real token.
+        with_entropy: also return (B, T) float32 H_t = -sum_v pi(v | tokens_<t) log pi(v | tokens_<t), the
+            entropy in nats of the tempered distribution that sampled token t (0 at t = 0), differentiable
+            (verl's ``entropy_from_logits``).
     """
     logits = policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(lp, (1, 0), value=0.0)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    lp = torch.nn.functional.pad(logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0), value=0.0)
+    if not with_entropy:
+        return lp
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return lp, torch.nn.functional.pad(ent, (1, 0), value=0.0)
 
 
 def token_values(critic: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

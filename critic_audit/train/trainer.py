@@ -443,10 +443,17 @@ class Trainer:
                         w = (float(p_lmask.sum()) / mb_tokens if token_mode
                              else float(p_lmask.any(-1).sum()) / max(mb_rows, 1.0))
                         with self._ac():
-                            lp = token_log_probs(self.policy, p_ids, p_attn, cfg.rollout.temperature)
+                            lp, ent = token_log_probs(self.policy, p_ids, p_attn, cfg.rollout.temperature,
+                                                      with_entropy=True)
                         loss, pm = algo.loss_fn(lp, old_lp[part, :width], adv[part, :width], p_lmask,
                                                 turn_ids[part, :width], algo.loss_config)
                         total = w * loss
+                        # entropy bonus: token-mean over the mini-batch's loss tokens, for every algorithm
+                        ent_sum = (ent.float() * p_lmask).sum()
+                        if cfg.algo.entropy_coef > 0:
+                            total = total - cfg.algo.entropy_coef * ent_sum / mb_tokens
+                        n_tok = float(p_lmask.sum())
+                        add({"actor/entropy": float(ent_sum.detach()) / n_tok}, n_tok / mb_tokens)
                         if algo.nll_coef > 0 and bool(positive[part].any()):
                             pos_mask = p_lmask & positive[part][:, None]
                             n_pos_all = float((loss_mask[mb] & positive[mb][:, None]).sum())
