@@ -561,7 +561,7 @@ def test_every_algorithm_translates_to_a_config_verl_accepts(algo, critic_dir, t
     assert a.adv_estimator == want_est
     assert actor.policy_loss.loss_mode == {"mpo": "mpo", "gspo": "gspo", "sao": "sao"}.get(algo, "vanilla")
     assert cfg.critic.enable is (algo in ("mpo", "ppo", "vc_ppo", "vapo", "sao"))
-    assert cfg.actor_rollout_ref.rollout.n == (4 if algo in ("mpo", "grpo", "dr_grpo", "dapo", "gspo") else 1)
+    assert cfg.actor_rollout_ref.rollout.n == (4 if algo in ("grpo", "dr_grpo", "dapo", "gspo") else 1)  # MPO: G = 1 (docs/train.md)
     if algo == "mpo":
         assert spec.options["lam"] == 0.8 and spec.options["ratio_mode"] == "product"
         assert spec.options["dump_dir"] == str((tmp_path / "rollouts").resolve())
