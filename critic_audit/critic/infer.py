@@ -76,6 +76,13 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _elapsed(device: torch.device, t0: float) -> float:
+    """Seconds since ``t0`` (``time.perf_counter``), after the device's queued work has finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def plan_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     """Group indices into batches: sorted by length, longest first, ``rows x max_len <= token_budget``.
 
@@ -154,9 +161,7 @@ def iter_hidden_batches(
         if progress:
             progress(done, total)
     if stats is not None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - t0
+        seconds = _elapsed(device, t0)
         stats.update(
             n_sequences=len(sequences),
             n_batches=len(batches),
@@ -724,9 +729,7 @@ def score_plan(
             if progress:
                 progress(done, total)
     if stats is not None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        seconds = time.perf_counter() - t0
+        seconds = _elapsed(dev, t0)
         fed_once = in_rows + prefixes.computed
         all_computed = computed + prefixes.computed
         stats.update(
