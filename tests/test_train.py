@@ -319,6 +319,109 @@ def test_token_entropy_matches_a_loop_reference():
             assert float(lp[b, t]) == pytest.approx(float(p[ids[b, t]].log()), abs=1e-5)
 
 
+def test_token_log_probs_projects_only_the_asked_positions_above_the_memory_bound(monkeypatch):
+    """Above FULL_LOGITS_BYTES the vocabulary projection runs at `positions` only, in checkpointed chunks:
+    the same log-probs, entropies and gradients there as the full forward, 0 elsewhere."""
+    from critic_audit.train import models
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    ids = torch.randint(0, 50, (3, 9))
+    attn = torch.ones_like(ids)
+    attn[2, 6:] = 0
+    pos = torch.zeros_like(ids, dtype=torch.bool)
+    pos[0, 2:5], pos[1, 7:], pos[2, 1:6] = True, True, True
+
+    def run():
+        model.zero_grad()
+        lp, ent = models.token_log_probs(model, ids, attn, 0.7, with_entropy=True, positions=pos)
+        ((lp * pos).sum() + 0.3 * (ent * pos).sum()).backward()
+        return lp.detach(), ent.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    full = run()
+    monkeypatch.setattr(models, "FULL_LOGITS_BYTES", 0)
+    monkeypatch.setattr(models, "_CHUNK_BYTES", 50 * 4 * 4)  # 4 positions a chunk: 12 positions, 3 chunks
+    split = run()
+    assert models._split_head(model) is not None
+    for a, b in zip(full[:2], split[:2]):
+        torch.testing.assert_close(b[pos], a[pos], rtol=1e-5, atol=1e-6)
+        assert torch.equal(b[~pos], torch.zeros_like(b[~pos]))
+    torch.testing.assert_close(split[2], full[2], rtol=1e-4, atol=1e-6)
+
+    class Capped(torch.nn.Module):  # logits scaled after the head: the split would be wrong, so it is refused
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def get_decoder(self):
+            return self.inner.get_decoder()
+
+        def get_output_embeddings(self):
+            return self.inner.get_output_embeddings()
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            out.logits = out.logits * 0.5
+            return out
+
+    capped = Capped(model)
+    assert models._split_head(capped) is None
+    with torch.no_grad():
+        lp = models.token_log_probs(capped, ids, attn, positions=pos)
+        ref = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits[:, :-1] * 0.5, -1)
+    torch.testing.assert_close(lp[:, 1:], ref.gather(-1, ids[:, 1:, None]).squeeze(-1))
+
+
+@pytest.mark.filterwarnings("ignore:Seems like:UserWarning")
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "dr_grpo"])  # token-mean, seq-mean-token-mean, token-sum / C
+def test_entropy_bonus_is_aggregated_like_the_policy_loss(tmp_path, algo):
+    """The gradient accumulated over micro-batches equals that of -coef * agg_loss(entropy) over the mini-batch
+    with the policy loss's own mode and constant (verl's entropy term), so Dr. GRPO's sum / C scales both alike."""
+    import dataclasses
+
+    from critic_audit.rl import agg_loss
+    from critic_audit.train.models import token_log_probs
+
+    def no_pg(lp, old_lp, adv, mask, turn_ids, config):
+        return (lp * 0.0).sum(), {}
+
+    coef = 0.5
+    cfg = load_config(None, TINY + ["steps=1", f"algo.name={algo}", "log.rollouts_every=0", "optim.num_minibatches=1",
+                                    "optim.micro_batch_size=2", "optim.grad_clip=none", f"algo.entropy_coef={coef}"])
+    tr = Trainer(cfg, tmp_path / "run")
+    tr.algo = dataclasses.replace(tr.algo, loss_fn=no_pg)
+    seen, grads = {}, []
+    update, step = tr._update, tr.policy_opt.step
+
+    def spy_update(ids, attn, loss_mask, *rest):
+        seen.update(ids=ids.clone(), attn=attn.clone(), loss_mask=loss_mask.clone(), before=params(tr.policy))
+        return update(ids, attn, loss_mask, *rest)
+
+    def spy_step(*a, **k):
+        grads.append(torch.cat([p.grad.detach().flatten().clone() for p in tr.policy.parameters()]))
+        return step(*a, **k)
+
+    tr._update, tr.policy_opt.step = spy_update, spy_step
+    tr.step()
+    assert len(grads) == 1 and seen["loss_mask"].sum(-1).unique().numel() > 1  # rows of unequal length
+    # the reference: the whole mini-batch at once, from the weights before the update
+    ref = Trainer(cfg, tmp_path / "ref")
+    with torch.no_grad():
+        for p, v in zip(ref.policy.parameters(), torch.split(seen["before"], [p.numel() for p in ref.policy.parameters()])):
+            p.copy_(v.view_as(p))
+    ref.policy.train()
+    _, ent = token_log_probs(ref.policy, seen["ids"], seen["attn"], cfg.rollout.temperature, with_entropy=True)
+    lc = tr.algo.loss_config
+    (-coef * agg_loss(ent.float(), seen["loss_mask"], lc.loss_agg_mode, lc.loss_norm_constant)).backward()
+    want = torch.cat([p.grad.detach().flatten() for p in ref.policy.parameters()])
+    assert float(want.abs().max()) > 1e-4
+    torch.testing.assert_close(grads[0], want, rtol=1e-4, atol=1e-7)
+    if algo == "dr_grpo":  # sum over a row's tokens / C, C = max_turns * max_new_tokens, not the token mean
+        assert lc.loss_norm_constant == cfg.env.max_turns * cfg.env.max_new_tokens
+
+
 @pytest.mark.parametrize("algo", ["ppo", "gspo"])  # token-mean and sequence-mean policy losses
 def test_entropy_bonus_raises_entropy_for_every_algorithm(tmp_path, algo):
     import dataclasses

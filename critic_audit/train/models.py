@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 from critic_audit.critic.load import quiet_transformers
@@ -121,8 +123,47 @@ def build_critic(cfg: ModelConfig, policy: Any, seed: int) -> Any:
     return model
 
 
+FULL_LOGITS_BYTES = 1 << 28
+"""Above this many bytes of float32 (B, T, V) logits, :func:`token_log_probs` computes the vocabulary
+projection only at the positions asked for, in chunks (a 49k-token vocabulary over 8 x 3,000 tokens would be
+4.7 GB a copy); below it, the plain full forward (bit-identical to earlier runs)."""
+_CHUNK_BYTES = 1 << 26
+_SPLIT_OK: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def vocab_size(policy: Any) -> int:
+    """The causal LM's output vocabulary V (its output embedding's rows)."""
+    head = policy.get_output_embeddings()
+    return int(getattr(head, "out_features", 0) or policy.config.vocab_size)
+
+
+def _split_head(policy: Any) -> tuple[Any, Any] | None:
+    """(decoder, head) when ``policy(...).logits == head(decoder(...).last_hidden_state)`` for this model
+    (checked once per model on a probe input: soft-capped or scaled heads fall back to the full forward)."""
+    try:
+        decoder, head = policy.get_decoder(), policy.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if decoder is None or head is None:
+        return None
+    if policy not in _SPLIT_OK:
+        ids = torch.arange(8, device=head.weight.device)[None] % vocab_size(policy)
+        attn = torch.ones_like(ids)
+        with torch.no_grad():
+            full = policy(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
+            part = head(decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state).float()
+        _SPLIT_OK[policy] = bool(torch.allclose(full, part, rtol=1e-4, atol=1e-4))
+    return (decoder, head) if _SPLIT_OK[policy] else None
+
+
+def _lp_ent(head: Any, hidden: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    logp = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+    return logp.gather(-1, targets[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
 def token_log_probs(policy: Any, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
-                    *, with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                    *, with_entropy: bool = False,
+                    positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """(B, T) float32: log pi(token_t | tokens_<t) / of the tempered distribution, in nats; 0 at t = 0.
 
     Args:
@@ -131,17 +172,45 @@ def token_log_probs(policy: Any, input_ids: Tensor, attention_mask: Tensor, temp
         with_entropy: also return (B, T) float32 H_t = -sum_v pi(v | tokens_<t) log pi(v | tokens_<t), the
             entropy in nats of the tempered distribution that sampled token t (0 at t = 0), differentiable
             (verl's ``entropy_from_logits``).
+        positions: optional (B, T) bool, the tokens whose log-prob (and entropy) is needed, e.g. the
+            response_mask. Where the full (B, T, V) float32 logits would exceed :data:`FULL_LOGITS_BYTES`,
+            only these positions (default: every real token) are projected onto the vocabulary, in
+            chunks, each recomputed in the backward pass (activation checkpointing) instead of kept;
+            the other positions are then 0. Below the bound every position is computed.
     """
-    logits = policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    lp = torch.nn.functional.pad(logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0), value=0.0)
+    B, T = input_ids.shape
+    split = _split_head(policy) if B * max(T - 1, 0) * vocab_size(policy) * 4 > FULL_LOGITS_BYTES else None
+    if split is None:
+        logits = policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        lp = torch.nn.functional.pad(logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0), value=0.0)
+        if not with_entropy:
+            return lp
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+        return lp, torch.nn.functional.pad(ent, (1, 0), value=0.0)
+    decoder, head = split
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    keep = (positions if positions is not None else attention_mask).bool()
+    keep = keep.clone()
+    keep[:, 0] = False
+    idx = keep.nonzero(as_tuple=True)
+    h, tgt = hidden[idx[0], idx[1] - 1], input_ids[idx]
+    rows = max(1, _CHUNK_BYTES // (vocab_size(policy) * 4))
+    lps, ents = [], []
+    for c in range(0, h.shape[0], rows):
+        args = (head, h[c:c + rows], tgt[c:c + rows], temperature)
+        lp_c, ent_c = (torch.utils.checkpoint.checkpoint(_lp_ent, *args, use_reentrant=False)
+                       if torch.is_grad_enabled() and h.requires_grad else _lp_ent(*args))
+        lps.append(lp_c)
+        ents.append(ent_c)
+    zero = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
+    lp = zero.index_put(idx, torch.cat(lps)) if lps else zero
     if not with_entropy:
         return lp
-    ent = -(logp_all.exp() * logp_all).sum(-1)
-    return lp, torch.nn.functional.pad(ent, (1, 0), value=0.0)
+    return lp, (zero.index_put(idx, torch.cat(ents)) if ents else zero.clone())
 
 
 def token_values(critic: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -60,6 +60,7 @@ from critic_audit.outputs import (
 from critic_audit.rl import (
     RolloutBatch,
     ValueLossConfig,
+    agg_loss,
     compute_advantages,
     dynamic_sampling_filter,
     explained_variance,
@@ -302,12 +303,14 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def _forward_batched(self, fn: Callable[..., torch.Tensor], model: Any, ids: torch.Tensor,
-                         attn: torch.Tensor, *args: Any) -> torch.Tensor:
+                         attn: torch.Tensor, *args: Any, **row_kwargs: torch.Tensor) -> torch.Tensor:
+        """``fn(model, ids, attn, *args, **row_kwargs)`` over micro-batches of rows (row_kwargs: (B, ...) tensors)."""
         rows = self.config.optim.micro_batch_size or ids.shape[0]
         parts = []
         for s in range(0, ids.shape[0], rows):
             with self._ac():
-                parts.append(fn(model, ids[s:s + rows], attn[s:s + rows], *args).float())
+                parts.append(fn(model, ids[s:s + rows], attn[s:s + rows], *args,
+                                **{k: v[s:s + rows] for k, v in row_kwargs.items()}).float())
         return torch.cat(parts)
 
     def step(self) -> dict[str, Any]:
@@ -334,7 +337,8 @@ class Trainer:
         ids, attn = packed.input_ids.to(dev), packed.attention_mask.to(dev)
         mask, turn_ids = packed.response_mask.to(dev), packed.turn_ids.to(dev)
         with torch.no_grad():
-            old_lp = self._forward_batched(token_log_probs, self.policy, ids, attn, cfg.rollout.temperature)
+            old_lp = self._forward_batched(token_log_probs, self.policy, ids, attn, cfg.rollout.temperature,
+                                            positions=mask)
             values = (self._forward_batched(token_values, self.critic, ids, attn) if self.critic is not None
                       else torch.zeros_like(old_lp))
         batch = RolloutBatch(packed.token_rewards.to(dev), values, mask, old_log_probs=old_lp,
@@ -444,14 +448,19 @@ class Trainer:
                              else float(p_lmask.any(-1).sum()) / max(mb_rows, 1.0))
                         with self._ac():
                             lp, ent = token_log_probs(self.policy, p_ids, p_attn, cfg.rollout.temperature,
-                                                      with_entropy=True)
+                                                      with_entropy=True, positions=p_lmask)
                         loss, pm = algo.loss_fn(lp, old_lp[part, :width], adv[part, :width], p_lmask,
                                                 turn_ids[part, :width], algo.loss_config)
                         total = w * loss
-                        # entropy bonus: token-mean over the mini-batch's loss tokens, for every algorithm
+                        # entropy bonus, aggregated like the policy loss (verl: agg_loss(entropy, mask,
+                        # loss_agg_mode)), so Dr. GRPO's sum / C scales it as it scales the pg loss
                         ent_sum = (ent.float() * p_lmask).sum()
                         if cfg.algo.entropy_coef > 0:
-                            total = total - cfg.algo.entropy_coef * ent_sum / mb_tokens
+                            # token-mean: w * token-mean of this micro-batch = ent_sum / mb_tokens
+                            ent_loss = (ent_sum / mb_tokens if token_mode else
+                                        w * agg_loss(ent.float(), p_lmask, algo.loss_config.loss_agg_mode,
+                                                     getattr(algo.loss_config, "loss_norm_constant", None)))
+                            total = total - cfg.algo.entropy_coef * ent_loss
                         n_tok = float(p_lmask.sum())
                         add({"actor/entropy": float(ent_sum.detach()) / n_tok}, n_tok / mb_tokens)
                         if algo.nll_coef > 0 and bool(positive[part].any()):
