@@ -48,6 +48,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from critic_audit.analysis.quality import wilson_interval
+
 VARIANTS: dict[str, list[str]] = {
     "mpo": ["algo.name=mpo"],
     "grpo": ["algo.name=grpo"],
@@ -217,11 +219,15 @@ def summarize(results: list[dict], window: int, threshold: float, reference: str
             auc = [sum(r["success"]) / len(r["success"]) for r in rs]
             reached = [steps_to(r["success"], threshold) for r in rs]
             hit = sorted(x for x in reached if x is not None)
+            # reached the threshold at some step, then ended below it over the final window
+            lost = [r["seed"] for r, st, f in zip(rs, reached, final) if st is not None and f < threshold]
             row = {
                 "variant": v, "seeds": [r["seed"] for r in rs], "n": len(rs),
                 "final_success": mean_ci(final), "auc_success": mean_ci(auc),
                 "final_reward": mean_ci([sum(r["reward"][-window:]) / len(r["reward"][-window:]) for r in rs]),
                 "steps_to_threshold_median": hit[len(hit) // 2] if hit else None, "reached": len(hit),
+                "reached_ci95": wilson_interval(len(hit), len(rs)), "lost_seeds": lost,
+                "final_per_seed": [round(f, 3) for f in final],
                 "env_steps": rs[0]["env_steps"][-1], "seconds_per_run": sum(r["seconds"] for r in rs) / len(rs),
                 "frac_seeds_final_ge_threshold": sum(f >= threshold for f in final) / len(final),
             }
@@ -272,11 +278,15 @@ def tables(summary: dict, window: int, threshold: float, reference: str) -> str:
     for task, rows in summary.items():
         md += [f"### task `{task}`", "",
                f"| variant | seeds | final success (last {window}) | AUC success | steps to {threshold} (reached) "
-               f"| final / {reference} | AUC / {reference} | final - {reference} | s/run |",
-               "|---|---|---|---|---|---|---|---|---|"]
+               f"| reached {threshold}: fraction of seeds [Wilson 95%] | then lost | final / {reference} "
+               f"| AUC / {reference} | final - {reference} | s/run |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             stt = f"{r['steps_to_threshold_median']} ({r['reached']}/{r['n']})" if r["reached"] else f"- (0/{r['n']})"
+            lo_hi = r.get("reached_ci95")
+            frac = f"{r['reached'] / r['n']:.2f}" + (f" [{lo_hi[0]:.2f}, {lo_hi[1]:.2f}]" if lo_hi else "")
             md.append(f"| {r['variant']} | {r['n']} | {_f(r['final_success'])} | {_f(r['auc_success'])} | {stt} | "
+                      f"{frac} | {len(r.get('lost_seeds', []))} | "
                       f"{_f(r.get('final_ratio_vs_ref'), '.2f')} | {_f(r.get('auc_ratio_vs_ref'), '.2f')} | "
                       f"{_f(r.get('final_diff_vs_ref'))} | {r['seconds_per_run']:.0f} |")
         aud = [r for r in rows if r.get("audit")]
@@ -307,6 +317,9 @@ def tables(summary: dict, window: int, threshold: float, reference: str) -> str:
                               f"{_f(t.get(f'product/clipfrac/{b}'))} | {_f(t.get(f'geomean/clipfrac/{b}'))} | "
                               f"{_f(t.get(f'product/log_rho_var/{b}'), '.2e')} | "
                               f"{_f(t.get(f'geomean/log_rho_var/{b}'), '.2e')} |")
+        md.append("")
+        md += ["", "Final success per seed (seeds in order):", ""]
+        md += [f"- {r['variant']}: {', '.join(f'{x:.3f}' for x in r['final_per_seed'])}" for r in rows]
         md.append("")
     return "\n".join(md) + "\n"
 

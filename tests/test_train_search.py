@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from critic_audit.errors import ConfigError
 from critic_audit.train.envs.search import HotpotQASearchEnv, exact_match, f1_score
 
 from conftest import DATA
@@ -32,6 +33,20 @@ def test_search_env_scripted_episode():
     _, r, done, info = env.step("finish[Gesellschaft Haftung]")
     assert done and 0 < r < 1 and not info["success"]
     assert exact_match("The Beatles!", "beatles") == 1.0 and f1_score("", "x") == 0.0
+
+
+def test_search_env_format_bonus_and_example():
+    pytest.importorskip("rank_bm25")
+    env = HotpotQASearchEnv(data_path=QUESTIONS, max_searches=1, format_bonus=0.1, example=True)
+    obs = env.reset(0)
+    assert "search[Eiffel Tower]" in obs[0]["content"] and "finish[France]" in obs[0]["content"]
+    assert "Example" not in HotpotQASearchEnv(data_path=QUESTIONS).reset(0)[0]["content"]
+    rewards = [env.step(t)[1] for t in ("think", "search[VIVA Media]", "search[again]")]
+    assert rewards == [0.0, 0.1, 0.0]  # no action: 0; a search carried out: the bonus; over max_searches: 0
+    _, r, done, info = env.step("finish[Gesellschaft mit beschränkter Haftung]")
+    assert done and info["success"] and r == pytest.approx(1.1)
+    with pytest.raises(ConfigError, match="format_bonus"):
+        HotpotQASearchEnv(data_path=QUESTIONS, format_bonus=-1.0)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,9 @@ DEFAULT_DATA = (Path(__file__).resolve().parents[3] / "sample_data" / "hotpotqa_
 ACTION = re.compile(r"(search|finish)\[(.*?)\]", re.IGNORECASE | re.DOTALL)
 SYSTEM = ("Answer the question. Use search[query] to look up paragraphs and finish[answer] to answer. "
           "One action per turn.")
+EXAMPLE = ("\n\nExample.\nQuestion: In which country is the city where the Eiffel Tower stands?\n"
+           "You: search[Eiffel Tower]\nTool: Eiffel Tower: a wrought-iron lattice tower in Paris, France.\n"
+           "You: finish[France]")
 
 
 def normalize_answer(s: str) -> str:
@@ -113,11 +116,19 @@ class HotpotQASearchEnv:
     name = "hotpotqa"
 
     def __init__(self, data_path: str | None = None, top_k: int = 2, max_paragraph_chars: int = 600,
-                 max_searches: int = 3, reward: str = "f1") -> None:
+                 max_searches: int = 3, reward: str = "f1", format_bonus: float = 0.0,
+                 example: bool = False) -> None:
+        """``format_bonus``: reward added at each turn whose action the environment carries out (a search
+        within ``max_searches`` or the finish), so a policy that never writes an action still gets a
+        signal (0 = off, the default; the answer reward is then the only one). ``example``: append a
+        one-shot demonstration of the two actions to the system message."""
         if reward not in ("em", "f1"):
             raise ConfigError(f"env.kwargs.reward = {reward!r}", fix="use em or f1")
         if top_k < 1 or max_paragraph_chars < 1 or max_searches < 0:
             raise ConfigError("env.kwargs top_k and max_paragraph_chars must be >= 1, max_searches >= 0")
+        if not 0.0 <= format_bonus <= 1.0:
+            raise ConfigError(f"env.kwargs.format_bonus = {format_bonus!r}", fix="use a value in [0, 1], e.g. 0.1")
+        self.format_bonus, self.system = float(format_bonus), SYSTEM + (EXAMPLE if example else "")
         self.path = str(data_path or DEFAULT_DATA)
         self.questions = load_questions(self.path)
         self.top_k, self.max_chars, self.max_searches, self.reward_kind = top_k, max_paragraph_chars, max_searches, reward
@@ -126,7 +137,7 @@ class HotpotQASearchEnv:
         self.i = int(seed) % len(self.questions)
         self.rec = self.questions[self.i]
         self.searches = 0
-        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Question: {self.rec['question']}"}]
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": f"Question: {self.rec['question']}"}]
 
     def search(self, query: str) -> str:
         """The top paragraphs for ``query`` (BM25 over the question's own 10)."""
@@ -143,8 +154,8 @@ class HotpotQASearchEnv:
         if kind == "finish":
             em = exact_match(arg, self.rec["answer"])
             r = em if self.reward_kind == "em" else f1_score(arg, self.rec["answer"])
-            return [], float(r), True, {"success": bool(em), "answer": arg}
+            return [], float(r) + self.format_bonus, True, {"success": bool(em), "answer": arg}
         if self.searches >= self.max_searches:
             return [{"role": "tool", "content": "No more searches. Answer with finish[answer]."}], 0.0, False, {}
         self.searches += 1
-        return [{"role": "tool", "content": self.search(arg)}], 0.0, False, {}
+        return [{"role": "tool", "content": self.search(arg)}], self.format_bonus, False, {}
