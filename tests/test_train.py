@@ -444,3 +444,19 @@ def test_entropy_bonus_raises_entropy_for_every_algorithm(tmp_path, algo):
     assert ents[1.0][-1] > ents[1.0][0] + 0.01 and ents[1.0][-1] <= math.log(len(credit_tokenizer())) + 1e-4
     with pytest.raises(ConfigError, match="entropy_coef"):
         load_config(None, ["algo.entropy_coef=-0.1"])
+
+
+def test_a_pretrained_policy_gets_verls_learning_rates_unless_given(tmp_path):
+    from critic_audit.train.config import PRETRAINED_LR
+
+    tiny = load_config(None, [])
+    assert (tiny.optim.lr, tiny.optim.critic_lr) == (1e-3, 2e-3)  # the tiny model from scratch
+    pre = load_config(None, ["model.policy=smollm2-135m"])
+    assert (pre.optim.lr, pre.optim.critic_lr) == (1e-6, 1e-5) == (PRETRAINED_LR["lr"], PRETRAINED_LR["critic_lr"])
+    given = load_config(None, ["model.policy=smollm2-135m", "optim.lr=3e-5"])
+    assert (given.optim.lr, given.optim.critic_lr) == (3e-5, 1e-5)
+    f = tmp_path / "c.toml"
+    f.write_text('[model]\npolicy = "some/folder"\n[optim]\ncritic_lr = 0.002\n')
+    from_file = load_config(f, [])
+    assert (from_file.optim.lr, from_file.optim.critic_lr) == (1e-6, 2e-3)
+    assert load_config(f, ["model.policy=tiny"]).optim.lr == 1e-3
