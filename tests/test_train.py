@@ -319,8 +319,8 @@ def test_token_entropy_matches_a_loop_reference():
             assert float(lp[b, t]) == pytest.approx(float(p[ids[b, t]].log()), abs=1e-5)
 
 
-def test_token_log_probs_projects_only_the_asked_positions_above_the_memory_bound(monkeypatch):
-    """Above FULL_LOGITS_BYTES the vocabulary projection runs at `positions` only, in checkpointed chunks:
+def test_token_log_probs_projects_only_the_asked_positions_for_a_chat_vocabulary(monkeypatch):
+    """From SPLIT_VOCAB ids on, the vocabulary projection runs at `positions` only, in checkpointed chunks:
     the same log-probs, entropies and gradients there as the full forward, 0 elsewhere."""
     from critic_audit.train import models
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -341,7 +341,7 @@ def test_token_log_probs_projects_only_the_asked_positions_above_the_memory_boun
         return lp.detach(), ent.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
 
     full = run()
-    monkeypatch.setattr(models, "FULL_LOGITS_BYTES", 0)
+    monkeypatch.setattr(models, "SPLIT_VOCAB", 50)
     monkeypatch.setattr(models, "_CHUNK_BYTES", 50 * 4 * 4)  # 4 positions a chunk: 12 positions, 3 chunks
     split = run()
     assert models._split_head(model) is not None

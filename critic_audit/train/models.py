@@ -123,10 +123,12 @@ def build_critic(cfg: ModelConfig, policy: Any, seed: int) -> Any:
     return model
 
 
-FULL_LOGITS_BYTES = 1 << 28
-"""Above this many bytes of float32 (B, T, V) logits, :func:`token_log_probs` computes the vocabulary
-projection only at the positions asked for, in chunks (a 49k-token vocabulary over 8 x 3,000 tokens would be
-4.7 GB a copy); below it, the plain full forward (bit-identical to earlier runs)."""
+SPLIT_VOCAB = 4096
+"""From this output-vocabulary size on (every chat model: SmolLM2 has 49,152 ids), :func:`token_log_probs`
+projects onto the vocabulary only at the positions asked for, in chunks (8 rows x 3,000 tokens of SmolLM2's
+float32 logits are 4.7 GB a copy), and the rollout's prefill keeps only its last position's logits. Below it
+(the tiny model's ~35 ids) the plain full forward, bit-identical to earlier runs. The rule depends on the
+model only, so the behaviour log-probs and the trained ones always take the same path."""
 _CHUNK_BYTES = 1 << 26
 _SPLIT_OK: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
@@ -173,13 +175,13 @@ def token_log_probs(policy: Any, input_ids: Tensor, attention_mask: Tensor, temp
             entropy in nats of the tempered distribution that sampled token t (0 at t = 0), differentiable
             (verl's ``entropy_from_logits``).
         positions: optional (B, T) bool, the tokens whose log-prob (and entropy) is needed, e.g. the
-            response_mask. Where the full (B, T, V) float32 logits would exceed :data:`FULL_LOGITS_BYTES`,
-            only these positions (default: every real token) are projected onto the vocabulary, in
-            chunks, each recomputed in the backward pass (activation checkpointing) instead of kept;
-            the other positions are then 0. Below the bound every position is computed.
+            response_mask. For a vocabulary of :data:`SPLIT_VOCAB` ids or more, only these positions
+            (default: every real token) are projected onto the vocabulary, in chunks, each recomputed
+            in the backward pass (activation checkpointing) instead of kept; the other positions are
+            then 0. Below it every position is computed.
     """
     B, T = input_ids.shape
-    split = _split_head(policy) if B * max(T - 1, 0) * vocab_size(policy) * 4 > FULL_LOGITS_BYTES else None
+    split = _split_head(policy) if vocab_size(policy) >= SPLIT_VOCAB else None
     if split is None:
         logits = policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
         logits = logits.float()

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from critic_audit.schema import TOKEN_SCHEMA, TRAJECTORY_SCHEMA
 from critic_audit.train.chat import ChatCodec
-from critic_audit.train.models import FULL_LOGITS_BYTES, vocab_size
+from critic_audit.train.models import SPLIT_VOCAB, vocab_size
 
 __all__ = ["Episode", "PackedBatch", "episodes_to_tables", "generate_episodes", "pack_episodes"]
 
@@ -89,10 +89,9 @@ def sample_turn(policy: Any, prefixes: list[list[int]], limits: list[int], eos_i
     ids, attn = ids.to(device), attn.to(device)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     params = inspect.signature(policy.forward).parameters
-    # the prefill's (n, width, V) logits are only read at the last position: above FULL_LOGITS_BYTES
-    # ask for that one (a 49k vocabulary x 8 rows x 3,000 tokens is 4.7 GB of float32)
-    keep = ({"logits_to_keep": 1} if "logits_to_keep" in params
-            and n * width * vocab_size(policy) * 4 > FULL_LOGITS_BYTES else {})
+    # the prefill's (n, width, V) logits are only read at the last position: for a chat vocabulary ask
+    # for that one (49k ids x 8 rows x 3,000 tokens is 4.7 GB of float32)
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in params and vocab_size(policy) >= SPLIT_VOCAB else {}
     with autocast():
         out = policy(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep)
     cache_kw = "cache" if "cache" in params else "past_key_values"
