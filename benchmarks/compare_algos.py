@@ -277,15 +277,16 @@ def tables(summary: dict, window: int, threshold: float, reference: str) -> str:
     md = []
     for task, rows in summary.items():
         md += [f"### task `{task}`", "",
-               f"| variant | seeds | final success (last {window}) | AUC success | steps to {threshold} (reached) "
+               f"| variant | seeds | final success (last {window}) | final reward | AUC success | steps to {threshold} (reached) "
                f"| reached {threshold}: fraction of seeds [Wilson 95%] | then lost | final / {reference} "
                f"| AUC / {reference} | final - {reference} | s/run |",
-               "|---|---|---|---|---|---|---|---|---|---|---|"]
+               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             stt = f"{r['steps_to_threshold_median']} ({r['reached']}/{r['n']})" if r["reached"] else f"- (0/{r['n']})"
             lo_hi = r.get("reached_ci95")
             frac = f"{r['reached'] / r['n']:.2f}" + (f" [{lo_hi[0]:.2f}, {lo_hi[1]:.2f}]" if lo_hi else "")
-            md.append(f"| {r['variant']} | {r['n']} | {_f(r['final_success'])} | {_f(r['auc_success'])} | {stt} | "
+            md.append(f"| {r['variant']} | {r['n']} | {_f(r['final_success'])} | {_f(r['final_reward'])} | "
+                      f"{_f(r['auc_success'])} | {stt} | "
                       f"{frac} | {len(r.get('lost_seeds', []))} | "
                       f"{_f(r.get('final_ratio_vs_ref'), '.2f')} | {_f(r.get('auc_ratio_vs_ref'), '.2f')} | "
                       f"{_f(r.get('final_diff_vs_ref'))} | {r['seconds_per_run']:.0f} |")
