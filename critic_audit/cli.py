@@ -410,7 +410,8 @@ def monitor(
     threshold: Annotated[float, typer.Option(help="Flag a turn when its robust |z| exceeds this (Iglewicz-Hoaglin: 3.5).")] = 3.5,
     reference: Annotated[str, typer.Option(help="Change from: previous (the previous turn's mean) or running_mean (the mean of all previous turn means).")] = "previous",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary (and the top flagged turns) as JSON.")] = False,
-    scores_out: Annotated[Optional[Path], typer.Option("--out", help="Write the per-turn scores to this Parquet file (atomically).")] = None,
+    scores_out: Annotated[Optional[Path], typer.Option("--out", help="Write the per-turn scores to this Parquet file (atomically). An existing file is replaced only if critic-audit wrote it.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file even if critic-audit did not write it.")] = False,
     top: Annotated[int, typer.Option(help="Flagged turns to list (largest |z| first).")] = 20,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the AUROC 95% intervals.")] = 2000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
@@ -418,15 +419,17 @@ def monitor(
     """Score each turn by the robust z of its change in critic value and measure how well it predicts failure."""
     try:
         from critic_audit.analysis.monitor import MonitorConfig
-        from critic_audit.io.common import write_parquet_atomic
+        from critic_audit.outputs import check_owned_file, write_owned_parquet
         from critic_audit.workflow import load_audit_folder
         from critic_audit.analysis.monitor import monitor as run_monitor
 
+        if scores_out is not None:  # refuse a bad path before the work
+            check_owned_file(scores_out, kind="turn_scores", overwrite=overwrite)
         cfg = MonitorConfig(threshold=threshold, reference=reference, n_boot=bootstrap, seed=seed)
         trajectories, tokens = load_audit_folder(folder)
         res = run_monitor(trajectories, tokens, cfg)
         if scores_out is not None:
-            write_parquet_atomic(res.turn_scores, scores_out)
+            write_owned_parquet(res.turn_scores, scores_out, kind="turn_scores", overwrite=overwrite)
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - every error becomes one line

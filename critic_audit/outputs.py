@@ -50,10 +50,12 @@ from critic_audit.errors import ConfigError
 
 __all__ = [
     "MANIFEST",
+    "OWNED_KEY",
     "TOOL",
     "atomic_write",
     "atomic_write_text",
     "check_out_path",
+    "check_owned_file",
     "check_replaceable",
     "clean_stale",
     "foreign_entries",
@@ -66,6 +68,7 @@ __all__ = [
     "staging",
     "update",
     "write_manifest",
+    "write_owned_parquet",
 ]
 
 #: The manifest file at the top of every folder the tool writes.
@@ -87,7 +90,7 @@ def check_out_path(path: str | Path, *, option: str = "--out") -> Path:
     """
     raw = str(path)
     if raw.strip() in ("", "."):
-        raise ConfigError(f"{option} {raw!r} is the current folder; an output folder is replaced as a whole",
+        raise ConfigError(f"{option} {raw!r} is the current folder; critic-audit writes into a folder of its own",
                           fix=f"pass a folder of its own, e.g. {option} audit_out")
     try:
         p = Path(raw).expanduser().resolve(strict=False)
@@ -105,7 +108,7 @@ def check_out_path(path: str | Path, *, option: str = "--out") -> Path:
     for what, g in guarded.items():
         if g is not None and (p == g or p in g.parents):
             which = what if p == g else f"a parent of {what}"
-            raise ConfigError(f"{option} {raw} is {which}; an output folder is replaced as a whole",
+            raise ConfigError(f"{option} {raw} is {which}; critic-audit writes into a folder of its own",
                               fix=f"pass a folder of its own, e.g. {option} {g / 'audit_out'}")
     return p
 
@@ -254,6 +257,67 @@ def write_manifest(folder: str | Path, kind: str, *, dirs: Sequence[str] = (), e
          "files": listed, "dirs": sorted(owned), "dir_files": {d: inside[d] for d in sorted(record)}, **(extra or {})}
     atomic_write_text(folder / MANIFEST, json.dumps(m, indent=1) + "\n")
     return m
+
+
+OWNED_KEY = b"critic_audit.kind"
+"""Parquet key-value metadata that marks a single file written by critic-audit (``monitor --out``)."""
+
+
+def _parquet_kind(path: Path) -> str | None:
+    try:
+        import pyarrow.parquet as pq
+
+        meta = pq.read_schema(path).metadata or {}
+    except Exception:  # noqa: BLE001 - not a Parquet file (or unreadable): not ours
+        return None
+    v = meta.get(OWNED_KEY)
+    return v.decode() if v else None
+
+
+def check_owned_file(path: str | Path, *, kind: str, overwrite: bool = False, option: str = "--out") -> Path:
+    """``path`` resolved, when critic-audit may write its single output file (of ``kind``) there.
+
+    A missing path is fine; an existing one only when it carries the tool's Parquet mark of that
+    ``kind``, or the manifest of the folder it is in lists it, or ``overwrite``.
+
+    Raises:
+        ConfigError: ``path`` is a folder, ``/`` or another path :func:`check_out_path` refuses, or a
+            file critic-audit did not write (fix: another path, or ``overwrite``).
+    """
+    raw = str(path)
+    p = check_out_path(path, option=option)
+    if p.is_dir():
+        raise ConfigError(f"{option} {raw} is a folder; this option names a Parquet file",
+                          fix=f"pass a file path, e.g. {option} {Path(raw) / 'turn_scores.parquet'}")
+    m = read_manifest(p.parent)
+    listed = m is not None and p.name in m.get("files", [])
+    if p.exists() and not (overwrite or listed or _parquet_kind(p) == kind):
+        raise ConfigError(f"{option} {raw} exists and is not a file critic-audit wrote; it is never replaced",
+                          fix=f"pass another path, or --overwrite to replace {p.name}")
+    return p
+
+
+def write_owned_parquet(df: Any, path: str | Path, *, kind: str, overwrite: bool = False,
+                        option: str = "--out") -> Path:
+    """Write the polars DataFrame ``df`` to the Parquet file ``path`` atomically, marked as critic-audit's
+    (key-value metadata ``critic_audit.kind = kind``), never over a file the tool did not write
+    (:func:`check_owned_file`). The file is then listed in the manifest of the folder it is in (if that
+    folder has one), so a later ``analyze --out`` on the folder counts it as the tool's.
+
+    Raises:
+        ConfigError: as :func:`check_owned_file`.
+    """
+    import pyarrow.parquet as pq
+
+    p = check_owned_file(path, kind=kind, overwrite=overwrite, option=option)
+    table = df.to_arrow()
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), OWNED_KEY: kind.encode()})
+    atomic_write(p, lambda tmp: pq.write_table(table, tmp))
+    m = read_manifest(p.parent)
+    if m is not None and p.name not in m.get("files", []):
+        m = {**m, "files": sorted({*m.get("files", []), p.name})}
+        atomic_write_text(p.parent / MANIFEST, json.dumps(m, indent=1) + "\n")
+    return p
 
 
 def _ancestors(rels: Sequence[str]) -> set[str]:

@@ -383,3 +383,30 @@ def test_several_checkpoints_keep_the_signal_of_each_critic():
     assert res.summary["counts"]["skipped"] == {"critic_flat_across_turns": 120}
     assert res.summary["counts"]["trajectories_scored"] == 120
     np.testing.assert_allclose(res.turn_scores["z"].to_numpy(), alone[0].turn_scores["z"].to_numpy(), atol=1e-5)
+
+
+def test_cli_out_never_replaces_a_file_it_did_not_write(tmp_path):
+    from critic_audit.outputs import MANIFEST, write_manifest
+
+    traj, tok = synthetic(n=40, seed=4)
+    folder = write_folder(tmp_path / "audit", traj, tok)
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes")
+    _assert_one_line_error(_run(folder, "--out", mine, "--bootstrap", 20), "not a file critic-audit wrote", "--overwrite")
+    assert mine.read_text() == "my notes"
+    other = tmp_path / "mine.parquet"
+    pl.DataFrame({"x": [1]}).write_parquet(other)
+    _assert_one_line_error(_run(folder, "--out", other, "--bootstrap", 20), "never replaced")
+    assert pl.read_parquet(other).columns == ["x"]
+    _assert_one_line_error(_run(folder, "--out", tmp_path, "--bootstrap", 20), "is a folder", "turn_scores.parquet")
+    _assert_one_line_error(_run(folder, "--out", "/", "--bootstrap", 20), "filesystem root")
+    # its own file is replaced again without --overwrite; --overwrite replaces the user's
+    ours = tmp_path / "scores.parquet"
+    for _ in range(2):
+        assert _run(folder, "--out", ours, "--bootstrap", 20).exit_code == 0
+    res = _run(folder, "--out", other, "--overwrite", "--bootstrap", 20)
+    assert res.exit_code == 0 and "abs_z" in pl.read_parquet(other).columns
+    # written into an analyze folder: listed in its manifest, so that folder stays the tool's
+    write_manifest(folder, "audit")
+    assert _run(folder, "--out", folder / "turn_scores.parquet", "--bootstrap", 20).exit_code == 0
+    assert "turn_scores.parquet" in json.loads((folder / MANIFEST).read_text())["files"]
