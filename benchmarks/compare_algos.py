@@ -405,18 +405,22 @@ def report(out: Path, window: int, threshold: float, reference: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description="MPO against its baselines and ablations at equal environment steps on the synthetic credit "
+                    "task; one job file per (task, variant, seed), resumable; --report aggregates.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--task", default="credit", help=f"comma-separated: {', '.join(TASKS)}")
     ap.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (with --seed-offset)")
-    ap.add_argument("--seed-offset", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--final-window", type=int, default=20)
-    ap.add_argument("--threshold", type=float, default=0.8)
-    ap.add_argument("--reference", default="mpo")
+    ap.add_argument("--seed-offset", type=int, default=0, help="first seed")
+    ap.add_argument("--steps", type=int, default=200, help="training steps per run (16 episodes each)")
+    ap.add_argument("--workers", type=int, default=1, help="runs in parallel, one torch thread each")
+    ap.add_argument("--final-window", type=int, default=20, help="final success = mean over the last N steps")
+    ap.add_argument("--threshold", type=float, default=0.8, help="success level for steps-to-threshold")
+    ap.add_argument("--reference", default="mpo", help="variant the paired ratios and differences are taken against")
     ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, known: {', '.join(VARIANTS)}")
     ap.add_argument("--report", action="store_true", help="only aggregate the finished runs")
-    ap.add_argument("--out", type=Path, default=Path("compare_algos_out"))
+    ap.add_argument("--out", type=Path, default=Path("compare_algos_out"),
+                    help="folder of job files (runs/) and the report (table.md, summary.json, *.png)")
     a = ap.parse_args()
     if not a.report:
         tasks = [t for t in a.task.split(",") if t]

@@ -319,8 +319,15 @@ def analyze(
 
 
 def _written(folder: Path) -> list[str]:
-    """What an output folder actually holds (top level), for the closing line."""
-    return sorted(p.name + ("/" if p.is_dir() else "") for p in Path(folder).iterdir() if not p.name.startswith("."))
+    """What critic-audit wrote in an output folder (top level, by its manifest), for the closing line;
+    a user's own files beside them are not listed."""
+    from critic_audit.outputs import MANIFEST, read_manifest
+
+    m = read_manifest(folder)
+    if m is None:
+        return sorted(p.name + ("/" if p.is_dir() else "") for p in Path(folder).iterdir() if not p.name.startswith("."))
+    return sorted({*(f.split("/")[0] + ("/" if "/" in f else "") for f in m.get("files", [])),
+                   *(d.split("/")[0] + "/" for d in m.get("dirs", [])), MANIFEST})
 
 
 def _read_template(path: Optional[Path]) -> Optional[str]:
@@ -643,8 +650,10 @@ def train(
     except Exception as e:  # noqa: BLE001
         _fail(e)
         return
-    out.print(f"trained {trainer.config.algo.name} on {trainer.config.env.name} for {trainer.step_count} steps; "
-              f"run folder {out_dir}")
+    done = trainer.step_count - start
+    out.print(f"trained {trainer.config.algo.name} on {trainer.config.env.name}: "
+              + (f"{done} step(s) this run, {trainer.step_count} in all" if resume and start else
+                 f"{trainer.step_count} steps") + f"; run folder {out_dir}")
     if last:
         out.print(f"last step: reward {last['rollout/reward_mean']:.3f}, success {last['rollout/success_rate']:.3f}")
 

@@ -110,8 +110,8 @@ class CreditAssignmentEnv:
             raise ConfigError(f"env.kwargs.reward = {reward!r}", fix="use fraction or all")
         self.num_decisions, self.num_choices, self.num_cues = num_decisions, num_choices, num_cues
         self.report_turns, self.decision_tokens, self.report_tokens = report_turns, decision_tokens, report_tokens
-        if format_bonus < 0:
-            raise ConfigError(f"env.kwargs.format_bonus = {format_bonus} must be >= 0")
+        if not 0 <= format_bonus <= 1:
+            raise ConfigError(f"env.kwargs.format_bonus = {format_bonus} must be in [0, 1]", fix="e.g. 0.1 (the default)")
         self.observation_tokens, self.reward_kind, self.format_bonus = observation_tokens, reward, format_bonus
         self.valid: list[bool] = []
         task = random.Random(task_seed)
