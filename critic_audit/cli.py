@@ -651,8 +651,8 @@ def train(
         _fail(e)
         return
     done = trainer.step_count - start
-    out.print(f"trained {trainer.config.algo.name} on {trainer.config.env.name}: "
-              + (f"{done} step(s) this run, {trainer.step_count} in all" if resume and start else
+    out.print(f"trained {trainer.config.algo.name} on {trainer.config.env.name} for "
+              + (f"{done} more step(s) ({trainer.step_count} in all)" if resume and start else
                  f"{trainer.step_count} steps") + f"; run folder {out_dir}")
     if last:
         out.print(f"last step: reward {last['rollout/reward_mean']:.3f}, success {last['rollout/success_rate']:.3f}")
