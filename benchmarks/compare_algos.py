@@ -6,7 +6,8 @@ Every run uses the trainer's documented defaults (``critic-audit train --algo NA
 the seed change. Variants: the nine algorithms with their own defaults, ``mpo_token_ratio`` (MAE
 advantages with PPO's token ratio, the paper's ablation), ``mpo_beta0`` (beta = 0: no intra-turn
 refinement), ``mpo_geomean`` (geometric-mean turn ratio) and the diagnostics ``mpo_g4`` (G = 4: 4
-prompts x 4 rollouts instead of 16 x 1), ``mpo_nowhiten``, ``mpo_ent0`` and ``ppo_ent0`` (no entropy bonus).
+prompts x 4 rollouts instead of 16 x 1), ``mpo_nowhiten``, ``mpo_ent0`` and ``ppo_ent0`` (no entropy bonus),
+``mpo_ep32`` (32 episodes a step: twice the environment steps, not an equal-budget comparison).
 
 Tasks (``--task``):
 
@@ -67,6 +68,7 @@ VARIANTS: dict[str, list[str]] = {
     "mpo_ent0": ["algo.name=mpo", "algo.entropy_coef=0.0"],
     "ppo_ent0": ["algo.name=ppo", "algo.entropy_coef=0.0"],
     "mpo_nowhiten": ["algo.name=mpo", "algo.advantage={whiten=false}"],
+    "mpo_ep32": ["algo.name=mpo", "rollout.episodes_per_step=32"],  # twice the environment steps per step
 }
 DEFAULT_VARIANTS = "mpo,grpo,dr_grpo,dapo,gspo,ppo,vc_ppo,vapo,sao,mpo_token_ratio,mpo_beta0"
 
