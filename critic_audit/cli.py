@@ -182,7 +182,8 @@ def _checkpoints_table(s: dict) -> Table:
         t.add_row(_escape(k), str(r["n_included"]), _fmt_ci(r["eta2_median"]), _fmt(r["frac_ss_between_gt_within"]["estimate"], ".2f"),
                   _fmt_ci(g.get("explained_variance_within_stratum")),
                   f"{_fmt(c.get('estimate'))} ({_fmt(c.get('p_value'), '.3f')})",
-                  "low n: none" if r.get("low_n") else (r.get("recommendation") or {}).get("verdict", ""))
+                  ("no data" if not r["n_included"] else "too few trajectories: no verdict") if r.get("low_n")
+                  else (r.get("recommendation") or {}).get("verdict", ""))
     return t
 
 
