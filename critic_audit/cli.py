@@ -652,6 +652,8 @@ def train(
         _fail(e)
         return
     done = trainer.step_count - start
+    if resume and start and not done:
+        return  # "nothing to do" said it
     out.print(f"trained {trainer.config.algo.name} on {trainer.config.env.name} for "
               + (f"{done} more step(s) ({trainer.step_count} in all)" if resume and start else
                  f"{trainer.step_count} steps") + f"; run folder {out_dir}")

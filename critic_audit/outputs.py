@@ -292,8 +292,8 @@ def check_owned_file(path: str | Path, *, kind: str, overwrite: bool = False, op
     m = read_manifest(p.parent)
     listed = m is not None and p.name in m.get("files", [])
     if p.exists() and not (overwrite or listed or _parquet_kind(p) == kind):
-        raise ConfigError(f"{option} {raw} exists and is not a file critic-audit wrote; it is never replaced",
-                          fix=f"pass another path, or --overwrite to replace {p.name}")
+        raise ConfigError(f"{option} {raw} exists and is not a file critic-audit wrote, so it is not replaced "
+                          "without --overwrite", fix=f"pass another path, or --overwrite to replace {p.name}")
     return p
 
 

@@ -396,7 +396,7 @@ def test_cli_out_never_replaces_a_file_it_did_not_write(tmp_path):
     assert mine.read_text() == "my notes"
     other = tmp_path / "mine.parquet"
     pl.DataFrame({"x": [1]}).write_parquet(other)
-    _assert_one_line_error(_run(folder, "--out", other, "--bootstrap", 20), "never replaced")
+    _assert_one_line_error(_run(folder, "--out", other, "--bootstrap", 20), "not replaced without --overwrite")
     assert pl.read_parquet(other).columns == ["x"]
     _assert_one_line_error(_run(folder, "--out", tmp_path, "--bootstrap", 20), "is a folder", "turn_scores.parquet")
     _assert_one_line_error(_run(folder, "--out", "/", "--bootstrap", 20), "filesystem root")

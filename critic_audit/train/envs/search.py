@@ -127,7 +127,7 @@ class HotpotQASearchEnv:
         if top_k < 1 or max_paragraph_chars < 1 or max_searches < 0:
             raise ConfigError("env.kwargs top_k and max_paragraph_chars must be >= 1, max_searches >= 0")
         if not 0.0 <= format_bonus <= 1.0:
-            raise ConfigError(f"env.kwargs.format_bonus = {format_bonus!r}", fix="use a value in [0, 1], e.g. 0.1")
+            raise ConfigError(f"env.kwargs.format_bonus = {format_bonus!r} must be in [0, 1]", fix="e.g. 0.1")
         self.format_bonus, self.system = float(format_bonus), SYSTEM + (EXAMPLE if example else "")
         self.path = str(data_path or DEFAULT_DATA)
         self.questions = load_questions(self.path)
