@@ -32,7 +32,6 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     from critic_audit.train import Trainer, load_config
-    from critic_audit.train.rollout import generate_episodes
 
     over = ["env.name=hotpotqa", f"model.policy={a.policy}", f"env.max_new_tokens={a.max_new_tokens}",
             f"env.max_turns={a.turns}", f"rollout.temperature={a.temperature}", *a.overrides]
@@ -42,11 +41,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tr = Trainer(cfg, f"{tmp}/run")
         t0 = time.perf_counter()
-        eps = generate_episodes(tr.policy, tr.codec, tr.make_env, list(range(a.episodes)), list(range(a.episodes)),
-                                max_turns=a.turns, max_new_tokens=a.max_new_tokens, max_context=cfg.env.max_context,
-                                temperature=a.temperature, top_k=cfg.rollout.top_k,
-                                success_threshold=cfg.algo.success_threshold, generator=tr.sample_gen,
-                                device=tr.device, autocast=tr._ac)
+        eps = tr.generate(list(range(a.episodes)), list(range(a.episodes)))
         dt = time.perf_counter() - t0
     turns = [m["content"] for e in eps for m in e.messages if m["role"] == "assistant"]
     act = sum(bool(re.search(r"(search|finish)\[", t, re.IGNORECASE)) for t in turns)

@@ -255,8 +255,12 @@ def write_manifest(folder: str | Path, kind: str, *, dirs: Sequence[str] = (), e
         [d for d in owned if files is None or inside[d]]
     m = {"tool": TOOL, "version": __version__, "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
          "files": listed, "dirs": sorted(owned), "dir_files": {d: inside[d] for d in sorted(record)}, **(extra or {})}
-    atomic_write_text(folder / MANIFEST, json.dumps(m, indent=1) + "\n")
+    _save_manifest(folder, m)
     return m
+
+
+def _save_manifest(folder: Path, m: dict[str, Any]) -> None:
+    atomic_write_text(folder / MANIFEST, json.dumps(m, indent=1) + "\n")
 
 
 OWNED_KEY = b"critic_audit.kind"
@@ -284,6 +288,11 @@ def check_owned_file(path: str | Path, *, kind: str, overwrite: bool = False, op
         ConfigError: ``path`` is a folder, ``/`` or another path :func:`check_out_path` refuses, or a
             file critic-audit did not write (fix: another path, or ``overwrite``).
     """
+    return _owned_target(path, kind, overwrite, option)[0]
+
+
+def _owned_target(path: str | Path, kind: str, overwrite: bool, option: str) -> tuple[Path, dict[str, Any] | None]:
+    """:func:`check_owned_file`'s path and the manifest of its folder (None if it has none)."""
     raw = str(path)
     p = check_out_path(path, option=option)
     if p.is_dir():
@@ -294,7 +303,7 @@ def check_owned_file(path: str | Path, *, kind: str, overwrite: bool = False, op
     if p.exists() and not (overwrite or listed or _parquet_kind(p) == kind):
         raise ConfigError(f"{option} {raw} exists and is not a file critic-audit wrote, so it is not replaced "
                           "without --overwrite", fix=f"pass another path, or --overwrite to replace {p.name}")
-    return p
+    return p, m
 
 
 def write_owned_parquet(df: Any, path: str | Path, *, kind: str, overwrite: bool = False,
@@ -309,14 +318,12 @@ def write_owned_parquet(df: Any, path: str | Path, *, kind: str, overwrite: bool
     """
     import pyarrow.parquet as pq
 
-    p = check_owned_file(path, kind=kind, overwrite=overwrite, option=option)
+    p, m = _owned_target(path, kind, overwrite, option)
     table = df.to_arrow()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), OWNED_KEY: kind.encode()})
     atomic_write(p, lambda tmp: pq.write_table(table, tmp))
-    m = read_manifest(p.parent)
     if m is not None and p.name not in m.get("files", []):
-        m = {**m, "files": sorted({*m.get("files", []), p.name})}
-        atomic_write_text(p.parent / MANIFEST, json.dumps(m, indent=1) + "\n")
+        _save_manifest(p.parent, {**m, "files": sorted({*m.get("files", []), p.name})})
     return p
 
 

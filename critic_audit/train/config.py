@@ -461,6 +461,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return dict(data)
 
 
+PRETRAINED_LR = {"lr": 1e-6, "critic_lr": 1e-5}
+"""``optim`` learning rates :func:`load_config` uses for a pretrained ``model.policy`` when none is given
+(verl's ``actor.optim.lr`` and ``critic.optim.lr`` defaults)."""
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()) -> TrainConfig:
     """Defaults, then the file (TOML/YAML/JSON), then ``overrides`` (``["key=value", ...]`` or a nested dict).
 
@@ -477,8 +482,3 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] | Mappi
         if isinstance(optim, Mapping):  # (anything else is refused by config_from_dict)
             merged = {**merged, "optim": {**PRETRAINED_LR, **optim}}
     return config_from_dict(merged)
-
-
-PRETRAINED_LR = {"lr": 1e-6, "critic_lr": 1e-5}
-"""``optim`` learning rates :func:`load_config` uses for a pretrained ``model.policy`` when none is given
-(verl's ``actor.optim.lr`` and ``critic.optim.lr`` defaults)."""

@@ -195,8 +195,7 @@ def token_log_probs(policy: Any, input_ids: Tensor, attention_mask: Tensor, temp
         return lp, torch.nn.functional.pad(ent, (1, 0), value=0.0)
     decoder, head = split
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    keep = (positions if positions is not None else attention_mask).bool()
-    keep = keep.clone()
+    keep = (positions if positions is not None else attention_mask).bool().clone()
     keep[:, 0] = False
     idx = keep.nonzero(as_tuple=True)
     h, tgt = hidden[idx[0], idx[1] - 1], input_ids[idx]

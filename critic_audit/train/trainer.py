@@ -313,6 +313,17 @@ class Trainer:
                                 **{k: v[s:s + rows] for k, v in row_kwargs.items()}).float())
         return torch.cat(parts)
 
+    def generate(self, seeds: list[int], groups: list[int]) -> list[Any]:
+        """One episode per environment seed (``groups``: their group ids), sampled with the current policy
+        and the run's env/rollout settings (:func:`critic_audit.train.rollout.generate_episodes`)."""
+        cfg = self.config
+        return generate_episodes(
+            self.policy, self.codec, self.make_env, seeds, groups, max_turns=cfg.env.max_turns,
+            max_new_tokens=cfg.env.max_new_tokens, max_context=cfg.env.max_context,
+            temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
+            success_threshold=cfg.algo.success_threshold, generator=self.sample_gen, device=self.device,
+            autocast=self._ac)
+
     def step(self) -> dict[str, Any]:
         """Run one training step; returns its metrics (also appended to ``metrics.jsonl``)."""
         cfg, algo = self.config, self.algo
@@ -325,12 +336,7 @@ class Trainer:
         P = cfg.rollout.prompts(G)
         seeds = [env_seed(cfg.seed, s, i) for i in range(P) for _ in range(G)]
         groups = [i for i in range(P) for _ in range(G)]
-        episodes = generate_episodes(
-            self.policy, self.codec, self.make_env, seeds, groups, max_turns=cfg.env.max_turns,
-            max_new_tokens=cfg.env.max_new_tokens, max_context=cfg.env.max_context,
-            temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
-            success_threshold=cfg.algo.success_threshold, generator=self.sample_gen, device=self.device,
-            autocast=self._ac)
+        episodes = self.generate(seeds, groups)
         t_roll = time.perf_counter() - t0
         packed = pack_episodes(episodes, self.codec.pad_id)
         dev = self.device
