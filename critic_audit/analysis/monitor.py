@@ -442,7 +442,44 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
                          fix="score it first: critic-audit analyze ... --critic CRITIC_FOLDER")
     checkpoints = _checkpoints(trajectories)
     scores, robust, skipped = _score(means, config, checkpoints)
+    per, labels = _per_trajectory(scores, means, trajectories)
+    flagged = (scores.filter(pl.col("flagged")).sort("abs_z", "trajectory_id", "turn", descending=[True, False, False])
+               .select("trajectory_id", "turn", "z"))
+    known, reasons = _skip_counts(labels, tokens, means, skipped)
 
+    lab = per.filter(pl.col("success").is_not_null())
+    fail = (~lab["success"]).to_numpy().astype(bool)
+    n_fail = int(fail.sum())
+    notes = _label_notes(lab.height, n_fail, config)
+    if checkpoints:
+        notes += _by_checkpoint(lab, checkpoints, robust["by_checkpoint"], config)
+    summary = {
+        "counts": {
+            "trajectories_read": len(known),
+            "trajectories_scored": per.height,
+            "turns_scored": scores.height,
+            "flagged_turns": flagged.height,
+            "flagged_trajectories": int(per["any_flag"].sum()),
+            "labelled": lab.height,
+            "failures": n_fail,
+            "skipped": dict(sorted(reasons.items())),
+        },
+        "robust": {"center": _num(robust["center"]), "scale": _num(robust["scale"]),
+                   "scale_method": robust["scale_method"],
+                   **({"by_checkpoint": {str(k): {**v, "center": _num(v["center"]), "scale": _num(v["scale"])}
+                                         for k, v in robust["by_checkpoint"].items()}} if checkpoints else {})},
+        "auroc": _aurocs(lab, fail, config),
+        "any_flag": _any_flag(lab, fail),
+        "notes": notes,
+        "config": dataclasses.asdict(config),
+    }
+    return MonitorResult(turn_scores=scores, flagged=flagged, per_trajectory=per, summary=summary)
+
+
+def _per_trajectory(scores: pl.DataFrame, means: pl.DataFrame,
+                    trajectories: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The :attr:`MonitorResult.per_trajectory` table, and the labels it was joined with
+    (``trajectory_id``, ``success``, ``_episode_turns``: one row per trajectory of ``trajectories``)."""
     per = (scores.group_by("trajectory_id")
            .agg(max_abs_z=pl.col("abs_z").max(), min_z=pl.col("z").min(),
                 n_flagged=pl.col("flagged").sum().cast(pl.Int64))
@@ -460,22 +497,27 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
            .select("trajectory_id", "n_turns", "episode_turns", "max_abs_z", "min_z", "n_flagged", "any_flag",
                    "success")
            .sort("trajectory_id"))
-    flagged = (scores.filter(pl.col("flagged")).sort("abs_z", "trajectory_id", "turn", descending=[True, False, False])
-               .select("trajectory_id", "turn", "z"))
+    return per, labels
 
-    # trajectories known to the tables but without policy tokens
+
+def _skip_counts(labels: pl.DataFrame, tokens: pl.DataFrame, means: pl.DataFrame,
+                 skipped: dict[str, str]) -> tuple[set[str], dict[str, int]]:
+    """The trajectory ids known to the tables, and the skipped trajectories counted by reason (those
+    of ``skipped``, then the known ones without policy tokens)."""
     known = set(labels["trajectory_id"].to_list()) | set(tokens["trajectory_id"].cast(pl.String).unique().to_list())
     with_turns = set(means["trajectory_id"].to_list())
     reasons: dict[str, int] = {}
     for r in list(skipped.values()) + [SKIP_NO_POLICY_TOKENS] * len(known - with_turns):
         reasons[r] = reasons.get(r, 0) + 1
+    return known, reasons
 
-    lab = per.filter(pl.col("success").is_not_null())
-    fail = (~lab["success"]).to_numpy().astype(bool)
+
+def _label_notes(n_labelled: int, n_fail: int, config: MonitorConfig) -> list[str]:
+    """The notes on the labelled trajectories (none, one outcome only, too few per class) and on the
+    bootstrap."""
     notes: list[str] = []
-    n_fail = int(fail.sum())
-    n_succ = lab.height - n_fail
-    if lab.height == 0:
+    n_succ = n_labelled - n_fail
+    if n_labelled == 0:
         notes.append("no scored trajectory carries a success label: AUROC, precision and recall are null")
     elif n_fail == 0 or n_succ == 0:
         notes.append(f"the labelled trajectories are all {'successes' if n_fail == 0 else 'failures'}: "
@@ -486,34 +528,52 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
                      "(null) and the precision and recall rest on these few")
     if config.n_boot == 0:
         notes.append("no bootstrap (n_boot = 0): AUROCs without interval")
-    if checkpoints:
-        by = robust["by_checkpoint"]
-        notes.append(f"the trajectories come from {len(by)} checkpoints: the robust z is taken within each "
-                     "checkpoint (each checkpoint's critic has its own value scale); robust.by_checkpoint holds "
-                     "each one's centre, scale and AUROC")
-        flat = [str(k) for k, v in by.items() if v["scale_method"] == "flat"]
-        if flat:
-            notes.append(f"checkpoint(s) {', '.join(flat)}: the critic is flat across turns there (no scale); "
-                         f"their trajectories are skipped ({SKIP_FLAT_CHECKPOINT})")
-        ck_of = pl.DataFrame({"trajectory_id": list(checkpoints), "_ck": list(checkpoints.values())},
-                             schema={"trajectory_id": pl.String, "_ck": pl.String})
-        lab_ck = lab.join(ck_of, on="trajectory_id", how="left")
-        for i, (ck, entry) in enumerate(by.items()):
-            part = lab_ck.filter(pl.col("_ck").eq_missing(ck))
-            entry["trajectories"] = part.height
-            entry["auroc_max_abs_z"] = (_auroc_entry(part["max_abs_z"].to_numpy(), (~part["success"]).to_numpy()
-                                                     .astype(bool), "max |z| (this checkpoint)", config, 10 + i)
-                                        if entry["scale_method"] != "flat" else None)
-    auc = {
+    return notes
+
+
+def _by_checkpoint(lab: pl.DataFrame, checkpoints: dict[str, str], by: dict[str, dict],
+                   config: MonitorConfig) -> list[str]:
+    """Add ``trajectories`` and ``auroc_max_abs_z`` to each checkpoint's entry of ``by`` (in place; the
+    AUROC null where the critic is flat), from the labelled rows ``lab`` of the per-trajectory table;
+    returns the notes on the checkpoints."""
+    notes = [f"the trajectories come from {len(by)} checkpoints: the robust z is taken within each "
+             "checkpoint (each checkpoint's critic has its own value scale); robust.by_checkpoint holds "
+             "each one's centre, scale and AUROC"]
+    flat = [str(k) for k, v in by.items() if v["scale_method"] == "flat"]
+    if flat:
+        notes.append(f"checkpoint(s) {', '.join(flat)}: the critic is flat across turns there (no scale); "
+                     f"their trajectories are skipped ({SKIP_FLAT_CHECKPOINT})")
+    ck_of = pl.DataFrame({"trajectory_id": list(checkpoints), "_ck": list(checkpoints.values())},
+                         schema={"trajectory_id": pl.String, "_ck": pl.String})
+    lab_ck = lab.join(ck_of, on="trajectory_id", how="left")
+    for i, (ck, entry) in enumerate(by.items()):
+        part = lab_ck.filter(pl.col("_ck").eq_missing(ck))
+        entry["trajectories"] = part.height
+        entry["auroc_max_abs_z"] = (_auroc_entry(part["max_abs_z"].to_numpy(), (~part["success"]).to_numpy()
+                                                 .astype(bool), "max |z| (this checkpoint)", config, 10 + i)
+                                    if entry["scale_method"] != "flat" else None)
+    return notes
+
+
+def _aurocs(lab: pl.DataFrame, fail: np.ndarray, config: MonitorConfig) -> dict[str, dict]:
+    """The summary's ``auroc``: max |z|, the largest drop and the number-of-turns baseline against
+    failure (``fail``, bool per row of the labelled per-trajectory rows ``lab``)."""
+    return {
         "max_abs_z": _auroc_entry(lab["max_abs_z"].to_numpy(), fail, "max |z| over the trajectory's turns", config, 0),
         "largest_drop": _auroc_entry(-lab["min_z"].to_numpy(), fail, "-min z (the largest drop in value)", config, 1),
         "num_turns": _auroc_entry(lab["episode_turns"].to_numpy().astype(np.float64), fail,
                                   "number of turns of the episode (baseline, no critic; the real length, "
                                   "not the count left after truncation)", config, 2),
     }
+
+
+def _any_flag(lab: pl.DataFrame, fail: np.ndarray) -> dict[str, Any]:
+    """The summary's ``any_flag``: precision and recall of "any turn flagged" for failure over the
+    labelled per-trajectory rows ``lab`` (``fail`` bool per row), with the flag and failure rates."""
+    n_fail = int(fail.sum())
     flag = lab["any_flag"].to_numpy().astype(bool)
     tp = int((flag & fail).sum())
-    any_flag = {
+    return {
         "precision": _num(tp / flag.sum()) if flag.sum() else None,
         "recall": _num(tp / n_fail) if n_fail else None,
         "flag_rate": _num(flag.mean()) if flag.size else None,
@@ -521,24 +581,3 @@ def monitor(trajectories: pl.DataFrame, tokens: pl.DataFrame, config: MonitorCon
         "flagged_labelled": int(flag.sum()),
         "flagged_failures": tp,
     }
-    summary = {
-        "counts": {
-            "trajectories_read": len(known),
-            "trajectories_scored": per.height,
-            "turns_scored": scores.height,
-            "flagged_turns": flagged.height,
-            "flagged_trajectories": int(per["any_flag"].sum()),
-            "labelled": lab.height,
-            "failures": n_fail,
-            "skipped": dict(sorted(reasons.items())),
-        },
-        "robust": {"center": _num(robust["center"]), "scale": _num(robust["scale"]),
-                   "scale_method": robust["scale_method"],
-                   **({"by_checkpoint": {str(k): {**v, "center": _num(v["center"]), "scale": _num(v["scale"])}
-                                         for k, v in robust["by_checkpoint"].items()}} if checkpoints else {})},
-        "auroc": auc,
-        "any_flag": any_flag,
-        "notes": notes,
-        "config": dataclasses.asdict(config),
-    }
-    return MonitorResult(turn_scores=scores, flagged=flagged, per_trajectory=per, summary=summary)
