@@ -122,7 +122,6 @@ LONG_FUNCTIONS = {
     "critic_audit.critic.distributed.score_values_distributed": 105,
     "critic_audit.critic.fit.fit_value_head": 116,
     "critic_audit.critic.infer.score_plan": 114,
-    "critic_audit.integrations.verl.translate.verl_run_spec": 125,
 }
 
 

@@ -50,7 +50,7 @@ from typing import Any
 from critic_audit.algorithms import ALGORITHM_SPECS
 from critic_audit.errors import ConfigError
 from critic_audit.rl import MPOLossConfig
-from critic_audit.train.algos import build_algorithm
+from critic_audit.train.algos import Algorithm, build_algorithm
 from critic_audit.train.config import TrainConfig
 
 __all__ = ["ALGORITHMS", "VerlRunSpec", "verl_run_spec"]
@@ -111,13 +111,33 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
                           "and pass that model folder as model.policy, or drop --sft")
     algo = build_algorithm(cfg.algo, cfg.rollout.group_size, cfg.env.max_new_tokens * cfg.env.max_turns,
                            cfg.optim.value_warmup_steps)
+    run = _Run(cfg, algo, Path(out_dir).resolve())
+    for part in (_algorithm_overrides, _model_overrides, _batch_overrides, _carried_overrides):
+        part(run)
+    return VerlRunSpec(overrides=run.ov + list(extra), options=run.options, notes=run.notes)
+
+
+@dataclass
+class _Run:
+    """A run being translated: its config, resolved algorithm and output folder, and what the parts of
+    :func:`verl_run_spec` have gathered so far (verl overrides in order, plugin options, notes)."""
+
+    cfg: TrainConfig
+    algo: Algorithm
+    out: Path
+    ov: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _algorithm_overrides(run: _Run) -> None:
+    """The estimator and policy loss (verl's, or ours through the plugin options), dynamic sampling,
+    and whether a critic is trained."""
+    cfg, algo, ov, options = run.cfg, run.algo, run.ov, run.options
     estimator, loss_mode = ALGORITHMS[cfg.algo.name]
     if cfg.algo.policy_loss is not None:  # an explicit loss overrides the preset's
         loss_mode = {"ppo": "vanilla"}.get(cfg.algo.policy_loss, cfg.algo.policy_loss)
-    out = Path(out_dir).resolve()
-    notes: list[str] = []
-    options: dict[str, Any] = {}
-    ov: list[str] = [
+    ov += [
         f"algorithm.adv_estimator={estimator}",
         f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
     ]
@@ -144,8 +164,8 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
     if algo.dynamic_sampling:
         ov += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=reward"]
     if algo.nll_coef:
-        notes.append(f"{cfg.algo.name}: the positive-sample NLL term (coefficient {algo.nll_coef}) has no verl "
-                     "counterpart and is left out")
+        run.notes.append(f"{cfg.algo.name}: the positive-sample NLL term (coefficient {algo.nll_coef}) has no verl "
+                         "counterpart and is left out")
     if algo.uses_critic:
         ov += ["critic.enable=True", f"critic.ppo_epochs={cfg.optim.ppo_epochs}"]
         if cfg.optim.grad_clip is not None:
@@ -153,14 +173,24 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
     else:
         ov.append("critic.enable=False")
 
+
+def _model_overrides(run: _Run) -> None:
+    """The policy's model folder, and the critic's when one is trained."""
+    cfg = run.cfg
     policy = _model_path(cfg.model.policy, "model.policy")
-    ov.append(f"actor_rollout_ref.model.path={policy}")
-    if algo.uses_critic:
+    run.ov.append(f"actor_rollout_ref.model.path={policy}")
+    if run.algo.uses_critic:
         if cfg.model.critic == "random":
             raise ConfigError("model.critic = 'random' has no verl counterpart (verl's critic starts from a model folder)",
                               fix="--set model.critic=policy or a model folder")
         critic = policy if cfg.model.critic == "policy" else _model_path(cfg.model.critic, "model.critic")
-        ov.append(f"critic.model.path={critic}")
+        run.ov.append(f"critic.model.path={critic}")
+
+
+def _batch_overrides(run: _Run) -> None:
+    """Steps, seeds, batch, mini- and micro-batch sizes, the multi-turn agent loop and the trainer's
+    output (checkpoints under ``out``)."""
+    cfg, algo, out = run.cfg, run.algo, run.out
     n_prompts = cfg.rollout.prompts(algo.group_size)
     if n_prompts % cfg.optim.num_minibatches:
         raise ConfigError(f"rollout.prompts_per_step = {n_prompts} is not divisible by optim.num_minibatches = "
@@ -169,7 +199,7 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
     mini = n_prompts // cfg.optim.num_minibatches
     # rollouts per GPU in one forward/backward (verl requires it): ours, or 4 (at most a mini-batch's rollouts)
     micro = cfg.optim.micro_batch_size or min(4, mini * algo.group_size)
-    ov += [
+    run.ov += [
         f"trainer.total_training_steps={cfg.steps}",
         f"data.seed={cfg.seed}",
         f"actor_rollout_ref.rollout.seed={cfg.seed}",
@@ -191,7 +221,13 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
         f"trainer.experiment_name={out.name}",
     ]
     if algo.uses_critic:
-        ov.append(f"critic.ppo_micro_batch_size_per_gpu={micro}")
+        run.ov.append(f"critic.ppo_micro_batch_size_per_gpu={micro}")
+
+
+def _carried_overrides(run: _Run) -> None:
+    """Learning rates and the response length only where set away from the built-in trainer's
+    defaults (noting the ones left at verl's), gradient clipping, rollout dumps, the critic warmup."""
+    cfg, algo, ov = run.cfg, run.algo, run.ov
     # values sized for the built-in trainer's tiny model are not carried; verl's defaults stay unless set
     defaults = TrainConfig()
     kept = []
@@ -209,17 +245,16 @@ def verl_run_spec(cfg: TrainConfig, out_dir: str | Path, extra: list[str] | tupl
     else:
         kept.append("env.max_new_tokens (verl: data.max_response_length 512 for the whole multi-turn response)")
     if kept:
-        notes.append("left at verl's defaults, set them with --set to carry ours: " + "; ".join(kept))
+        run.notes.append("left at verl's defaults, set them with --set to carry ours: " + "; ".join(kept))
     if cfg.optim.grad_clip is not None:
         ov.append(f"actor_rollout_ref.actor.grad_clip={cfg.optim.grad_clip}")
     if cfg.log.rollouts_every > 0:
-        options.update(dump_dir=str(out / "rollouts"), dump_every=cfg.log.rollouts_every)
+        run.options.update(dump_dir=str(run.out / "rollouts"), dump_every=cfg.log.rollouts_every)
     if cfg.env.name != defaults.env.name:
-        notes.append(f"env.name = {cfg.env.name!r} is the built-in trainer's: verl runs its own agent loop on the "
-                     "prompts of data.train_files (give them with --verl)")
+        run.notes.append(f"env.name = {cfg.env.name!r} is the built-in trainer's: verl runs its own agent loop on "
+                         "the prompts of data.train_files (give them with --verl)")
     if algo.uses_critic and algo.value_warmup_steps:
         ov.append(f"trainer.critic_warmup={algo.value_warmup_steps}")
-    return VerlRunSpec(overrides=ov + list(extra), options=options, notes=notes)
 
 
 LAUNCHER = "critic_audit.integrations.verl.main"
