@@ -222,10 +222,67 @@ def fit_value_head(
             f"sequences ({len(sequences)}), response_masks ({len(response_masks)}) and returns "
             f"({len(returns)}) must have the same length"
         )
-    seqs: list[np.ndarray] = []
-    masks: list[np.ndarray] = []
-    targets: list[np.ndarray] = []
-    keep: list[int] = []
+    data = _fit_rows(sequences, response_masks, returns)
+    n_tokens = int(sum(int(m.sum()) for m in data.masks))
+    if n_tokens < 2:
+        raise ConfigError(f"only {n_tokens} selected token(s) to fit on", fix="pass trajectories with policy tokens")
+
+    backbone, dev, _, hf_config = load_backbone(
+        backbone_dir, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code
+    )
+    max_length = config.max_length or int(getattr(hf_config.get_text_config(), "max_position_embeddings", 0) or 0)
+    _check_fits_backbone(data, max_length, int(backbone.get_input_embeddings().num_embeddings))
+    d = int(hf_config.get_text_config().hidden_size)
+    stats: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    mom = _accumulate(backbone, dev, data, d, token_budget=config.token_budget, stats=stats, progress=progress)
+    fit_mom = mom[config.weighting].numpy()
+    w, b, lam = _solve(*fit_mom, config.ridge)
+    metrics: dict[str, Any] = {
+        "n_trajectories": len(data.seqs),
+        "n_trajectories_skipped": len(sequences) - len(data.seqs),
+        "n_tokens": n_tokens,
+        "weighting": config.weighting,
+        "hidden_size": d,
+        "ridge": config.ridge,
+        "ridge_lambda": lam,
+    }
+    metrics.update(_fit_quality(mom, config.weighting, w, b))
+    seconds = time.perf_counter() - t0
+    metrics.update(
+        seconds=seconds,
+        tokens_per_s=stats.get("tokens_per_s"),
+        padding_efficiency=stats.get("padding_efficiency"),
+    )
+    return FitResult(weight=w.astype(np.float32), bias=float(b), metrics=metrics, config=config)
+
+
+@dataclass
+class _FitData:
+    """The trajectories with at least one selected token (``t >= 1`` with its response mask set).
+
+    Attributes:
+        seqs: their 1-D token-id arrays, length L each.
+        masks: bool arrays (L-1,), ``masks[j][t-1]`` true when token t is selected (feature ``h[t-1]``).
+        targets: float64 arrays (L-1,), ``targets[j][t-1]`` the target of token t.
+        keep: each one's index in the caller's ``sequences``.
+    """
+
+    seqs: list[np.ndarray] = field(default_factory=list)
+    masks: list[np.ndarray] = field(default_factory=list)
+    targets: list[np.ndarray] = field(default_factory=list)
+    keep: list[int] = field(default_factory=list)
+
+
+def _fit_rows(sequences: Sequence[np.ndarray], response_masks: Sequence[np.ndarray],
+              returns: Sequence[float] | Sequence[np.ndarray]) -> _FitData:
+    """The :class:`_FitData` of the arguments of :func:`fit_value_head`.
+
+    Raises:
+        ConfigError: a sequence not 1-D or its mask of another shape; returns of the wrong shape or
+            not finite on a policy token.
+    """
+    data = _FitData()
     for i, (s, m, r) in enumerate(zip(sequences, response_masks, returns, strict=True)):
         s = np.asarray(s)
         m = np.asarray(m, dtype=bool)
@@ -236,72 +293,66 @@ def fit_value_head(
             raise ConfigError(f"returns[{i}] is not finite", fix="drop or fix trajectories without a reward")
         sel = m[1:]  # token t >= 1 selected -> feature at t-1
         if sel.any():
-            keep.append(i)
-            seqs.append(s)
-            masks.append(sel)
-            targets.append(y[1:])
-    n_tokens = int(sum(int(m.sum()) for m in masks))
-    if n_tokens < 2:
-        raise ConfigError(f"only {n_tokens} selected token(s) to fit on", fix="pass trajectories with policy tokens")
+            data.keep.append(i)
+            data.seqs.append(s)
+            data.masks.append(sel)
+            data.targets.append(y[1:])
+    return data
 
-    backbone, dev, _, hf_config = load_backbone(
-        backbone_dir, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code
-    )
-    max_length = config.max_length or int(getattr(hf_config.get_text_config(), "max_position_embeddings", 0) or 0)
-    vocab = int(backbone.get_input_embeddings().num_embeddings)
-    for j, s in enumerate(seqs):
+
+def _check_fits_backbone(data: _FitData, max_length: int, vocab: int) -> None:
+    """Refuse sequences longer than ``max_length`` (0: no limit) or with token ids outside
+    ``[0, vocab)`` (:class:`ConfigError` naming the caller's sequence index)."""
+    for j, s in enumerate(data.seqs):
         if max_length and len(s) > max_length:
             raise ConfigError(
-                f"sequence {keep[j]} has {len(s)} tokens, more than the backbone's context of {max_length}",
+                f"sequence {data.keep[j]} has {len(s)} tokens, more than the backbone's context of {max_length}",
                 fix="truncate sequences before fitting",
             )
         if s.size and (s.min() < 0 or s.max() >= vocab):
-            raise ConfigError(f"sequence {keep[j]} has token ids outside [0, {vocab})")
-    d = int(hf_config.get_text_config().hidden_size)
+            raise ConfigError(f"sequence {data.keep[j]} has token ids outside [0, {vocab})")
+
+
+def _accumulate(backbone: torch.nn.Module, dev: torch.device, data: _FitData, d: int, *, token_budget: int,
+                stats: dict, progress: Progress | None) -> dict[str, _Moments]:
+    """The moments of ``z = [h[t-1], 1]`` (hidden size ``d``) and the targets over the selected tokens,
+    under each weighting (``"token"``: 1 per token, ``"trajectory"``: 1/n per trajectory's n tokens);
+    ``stats`` as :func:`iter_hidden_batches` fills it."""
     mom = {"token": _Moments(d, dev), "trajectory": _Moments(d, dev)}
-    stats: dict[str, Any] = {}
-    t0 = time.perf_counter()
     with torch.inference_mode():
         for idx, h, lens in iter_hidden_batches(
-            backbone, dev, seqs, token_budget=config.token_budget, stats=stats, progress=progress
+            backbone, dev, data.seqs, token_budget=token_budget, stats=stats, progress=progress
         ):
             for r, j in enumerate(idx):
-                sel = torch.as_tensor(masks[j][: lens[r]], device=dev)
+                mask = data.masks[j][: lens[r]]
+                sel = torch.as_tensor(mask, device=dev)
                 x = h[r, : lens[r]][sel].double()
-                y = torch.as_tensor(targets[j][: lens[r]][masks[j][: lens[r]]], dtype=torch.float64, device=dev)
+                y = torch.as_tensor(data.targets[j][: lens[r]][mask], dtype=torch.float64, device=dev)
                 z = torch.cat([x, torch.ones(len(x), 1, dtype=torch.float64, device=dev)], dim=1)
                 ones = torch.ones(len(x), dtype=torch.float64, device=dev)
                 mom["token"].add(z, y, ones)
                 mom["trajectory"].add(z, y, ones / len(x))
-    fit_mom = mom[config.weighting].numpy()
-    w, b, lam = _solve(*fit_mom, config.ridge)
-    metrics: dict[str, Any] = {
-        "n_trajectories": len(seqs),
-        "n_trajectories_skipped": len(sequences) - len(seqs),
-        "n_tokens": n_tokens,
-        "weighting": config.weighting,
-        "hidden_size": d,
-        "ridge": config.ridge,
-        "ridge_lambda": lam,
-    }
+    return mom
+
+
+def _fit_quality(mom: dict[str, _Moments], weighting: str, w: np.ndarray, b: float) -> dict[str, Any]:
+    """``explained_variance_token`` and ``explained_variance_trajectory`` of the head ``(w, b)``, with
+    ``explained_variance``, ``mse``, ``target_mean`` and ``target_std`` under ``weighting`` (after
+    that weighting's ``explained_variance_*``, in the order of ``mom``)."""
+    out: dict[str, Any] = {}
+    d = len(w)
     for name, m in mom.items():
-        r2, mse, var = _r2(*m.numpy(), w, b)
-        metrics[f"explained_variance_{name}"] = r2
-        if name == config.weighting:
-            zz, zy, _ = fit_mom
-            metrics.update(
+        zz, zy, yy = m.numpy()
+        r2, mse, var = _r2(zz, zy, yy, w, b)
+        out[f"explained_variance_{name}"] = r2
+        if name == weighting:
+            out.update(
                 explained_variance=r2,
                 mse=mse,
                 target_mean=float(zy[d] / zz[d, d]),
                 target_std=math.sqrt(max(var, 0.0)),
             )
-    seconds = time.perf_counter() - t0
-    metrics.update(
-        seconds=seconds,
-        tokens_per_s=stats.get("tokens_per_s"),
-        padding_efficiency=stats.get("padding_efficiency"),
-    )
-    return FitResult(weight=w.astype(np.float32), bias=float(b), metrics=metrics, config=config)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
