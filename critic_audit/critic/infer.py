@@ -653,6 +653,72 @@ class _PrefixCache:
         return [(s, e, v) for _, s, e, v in self.nodes]
 
 
+def _row_inputs(sequences: Sequence[np.ndarray], rows: list[tuple[Segment, ...]], shape: tuple[int, int], pad_id: int,
+                *, packed: bool, attention_mask: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The int64 ``(n_rows, cols)`` ``input_ids`` of a batch's ``rows`` (each a list of segments
+    ``(i, s, e)``: tokens ``s:e`` of sequence ``i``, laid end to end, then ``pad_id``), with its
+    ``position_ids`` when ``packed`` (each segment from ``s``; the pads a block of their own) and its
+    ``attention_mask`` (1 on real tokens) when asked; None for the ones not built."""
+    n_rows, cols = shape
+    ids = torch.full((n_rows, cols), pad_id, dtype=torch.long)
+    pos = torch.zeros((n_rows, cols), dtype=torch.long) if packed else None
+    mask = torch.zeros((n_rows, cols), dtype=torch.long) if attention_mask else None
+    for r, row in enumerate(rows):
+        off = 0
+        for i, s, e in row:
+            ids[r, off: off + e - s] = torch.from_numpy(np.array(sequences[i][s:e], dtype=np.int64))
+            if pos is not None:
+                pos[r, off: off + e - s] = torch.arange(s, e)
+            off += e - s
+        if pos is not None:  # the pads form a block of their own: no real token attends to them
+            pos[r, off:] = torch.arange(cols - off)
+        if mask is not None:
+            mask[r, :off] = 1
+    return ids, pos, mask
+
+
+def _scatter_rows(results: list[np.ndarray], rows: list[tuple[Segment, ...]], v: np.ndarray) -> None:
+    """Write the float32 ``(n_rows, cols)`` head outputs ``v`` of a batch's ``rows`` into ``results``:
+    the output at a segment's input token ``t`` (``s <= t < e``) is the value of its sequence's token
+    ``t + 1``."""
+    for r, row in enumerate(rows):
+        off = 0
+        for i, s, e in row:
+            results[i][s + 1: e + 1] = v[r, off: off + e - s]
+            off += e - s
+
+
+def _forward_rows(critic: Critic, sequences: Sequence[np.ndarray], bt: ScoreBatch, rows: list[tuple[Segment, ...]],
+                  prefixes: _PrefixCache, head: Callable[[torch.Tensor], np.ndarray], *, pad_id: int, split: bool,
+                  attention_mask: bool) -> np.ndarray:
+    """One forward pass over the ``rows`` of batch ``bt`` (those with tokens), below its shared prefix:
+    by split attention when ``split``, else through the prefix's key/value cache; returns the float32
+    ``(n_rows, cols)`` head outputs (:func:`_scatter_rows` writes them)."""
+    dev = critic.device
+    n_rows, cols = bt.shape()
+    past = None
+    ids, pos, mask = _row_inputs(sequences, rows, (n_rows, cols), pad_id, packed=bt.packed,
+                                 attention_mask=attention_mask)
+    kw: dict[str, Any] = {}
+    if pos is not None:
+        kw["position_ids"] = pos.to(dev)
+    if mask is not None:
+        kw["attention_mask"] = mask.to(dev)
+    ctx: Any = contextlib.nullcontext()
+    if split:
+        p = bt.prefix_length
+        kw.update(position_ids=torch.arange(p, p + cols, device=dev).expand(n_rows, -1), use_cache=False)
+        ctx = _split_attention(critic.backbone, prefixes.kv)
+    elif bt.prefix:
+        past = prefixes.cache(n_rows)
+        kw.update({cache_kwarg(critic.backbone): past}, use_cache=True)
+    else:
+        kw["use_cache"] = False
+    with ctx:
+        out = critic.backbone(input_ids=ids.to(dev), **kw)
+    return head(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
+
+
 def score_plan(
     critic: Critic,
     sequences: Sequence[np.ndarray],
@@ -693,7 +759,6 @@ def score_plan(
     with torch.inference_mode():
         for j, bt in enumerate(batches):
             members = bt.members
-            past = None
             split = bt.split_attention and can_split and bool(bt.prefix)
             if bt.prefix:
                 for s, e, v in prefixes.enter(bt.prefix, sequences[members[0]], split=split):
@@ -702,45 +767,11 @@ def score_plan(
             rows = [row for row in bt.rows if sum(e - s for _, s, e in row) > 0]
             if rows:
                 n_rows, cols = bt.shape()
-                ids = torch.full((n_rows, cols), pad_id, dtype=torch.long)
-                pos = torch.zeros((n_rows, cols), dtype=torch.long) if bt.packed else None
-                mask = torch.zeros((n_rows, cols), dtype=torch.long) if attention_mask else None
-                for r, row in enumerate(rows):
-                    off = 0
-                    for i, s, e in row:
-                        ids[r, off: off + e - s] = torch.from_numpy(np.array(sequences[i][s:e], dtype=np.int64))
-                        if pos is not None:
-                            pos[r, off: off + e - s] = torch.arange(s, e)
-                        off += e - s
-                    if pos is not None:  # the pads form a block of their own: no real token attends to them
-                        pos[r, off:] = torch.arange(cols - off)
-                    if mask is not None:
-                        mask[r, :off] = 1
-                kw: dict[str, Any] = {}
-                if pos is not None:
-                    kw["position_ids"] = pos.to(dev)
-                if mask is not None:
-                    kw["attention_mask"] = mask.to(dev)
-                ctx: Any = contextlib.nullcontext()
+                v = _forward_rows(critic, sequences, bt, rows, prefixes, head, pad_id=pad_id, split=split,
+                                  attention_mask=attention_mask)
                 if split:
-                    p = bt.prefix_length
-                    kw.update(position_ids=torch.arange(p, p + cols, device=dev).expand(n_rows, -1), use_cache=False)
-                    ctx = _split_attention(critic.backbone, prefixes.kv)
                     split_passes += 1
-                elif bt.prefix:
-                    past = prefixes.cache(n_rows)
-                    kw.update({cache_kwarg(critic.backbone): past}, use_cache=True)
-                else:
-                    kw["use_cache"] = False
-                with ctx:
-                    out = critic.backbone(input_ids=ids.to(dev), **kw)
-                v = head(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
-                del out, past
-                for r, row in enumerate(rows):
-                    off = 0
-                    for i, s, e in row:
-                        results[i][s + 1: e + 1] = v[r, off: off + e - s]
-                        off += e - s
+                _scatter_rows(results, rows, v)
                 shapes.append((n_rows, cols))
                 computed += n_rows * cols
                 in_rows += sum(e - s for row in rows for _, s, e in row)
