@@ -43,7 +43,7 @@ class Dtype(enum.StrEnum):
 
 
 class Backend(enum.StrEnum):
-    """``analyze --backend`` (:class:`critic_audit.pipeline.ScoringConfig`)."""
+    """``analyze --backend`` (:class:`critic_audit.critic.ScoringConfig`)."""
     PROCESSES = "processes"
     RAY = "ray"
 
@@ -114,9 +114,9 @@ def _reject_weighting(value: str) -> None:
 
 
 def _reject_backend(value: str) -> None:
-    from critic_audit.pipeline import ScoringConfig
+    from critic_audit.critic.options import ScoringConfig
 
-    ScoringConfig(critic="", backend=value)
+    ScoringConfig(backend=value)
 
 
 def _reject_read(field: str) -> Callable[[str], None]:

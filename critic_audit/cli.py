@@ -10,6 +10,7 @@ command line is parsed and listed in ``--help``.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import inspect
@@ -497,17 +498,18 @@ def analyze(
     _refuse_repeated_critics(critic or [])
     scoring = [ScoringConfig(critic=str(c), device=device, dtype=dtype, token_budget=token_budget,
                              trust_remote_code=trust_remote_code, workers=workers, backend=backend,
-                             ray_address=ray_address, threads=threads) for c in (critic or [])] or None
-    from critic_audit.critic.options import cache_root_for, pickle_allowed, scoring_cache
+                             ray_address=ray_address, threads=threads, allow_pickle=allow_pickle)
+               for c in (critic or [])] or [ScoringConfig(allow_pickle=allow_pickle)]  # no critic: the run's options
+    from critic_audit.critic.options import CacheOptions, cache_root_for
     from critic_audit.outputs import check_out_path, lock_folder
 
     # the lock first: another process's run must not share (or remove) this one's scoring cache
     with lock_folder(check_out_path(out_dir), command="critic-audit analyze"), \
-            _Bar(enabled=not as_json or err.is_terminal) as bar, pickle_allowed(allow_pickle), \
-            scoring_cache(cache_root_for(out_dir), resume=resume, keep=keep_scoring_cache):
-        res = run_analyze(inputs, out_dir, scoring=scoring, read_options=read_opts, tokenize=tcfg,
-                          audit_config=acfg, plots=not no_plots, progress=bar, stream=stream,
-                          overwrite=overwrite, limit=limit)
+            _Bar(enabled=not as_json or err.is_terminal) as bar:
+        cache = CacheOptions(cache_root_for(out_dir), resume=resume, keep=keep_scoring_cache)
+        res = run_analyze(inputs, out_dir, scoring=[dataclasses.replace(sc, cache=cache) for sc in scoring],
+                          read_options=read_opts, tokenize=tcfg, audit_config=acfg, plots=not no_plots, progress=bar,
+                          stream=stream, overwrite=overwrite, limit=limit)
     s = res.summary
     _print_run_notes(s)
     if as_json:

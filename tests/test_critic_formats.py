@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from critic_audit.critic import load_critic, save_head, score_values
-from critic_audit.critic.load import pickle_allowed
 from critic_audit.errors import CheckpointError
 
 VOCAB, HIDDEN, MAX_POS, HEADS, KV = 64, 32, 128, 4, 2
@@ -167,8 +166,10 @@ def test_verl_fsdp_sharded(ref, seqs, ref_values, tmp_path):
     assert "verl FSDP" in str(exc.value) and "--allow-pickle" in str(exc.value)
     c = _check(d, seqs, ref_values, fmt="verl-fsdp", allow_pickle=True)
     assert c.details["world_size"] == 2
-    with pickle_allowed():  # the CLI's --allow-pickle
-        assert load_critic(d, device="cpu").format == "verl-fsdp"
+    from critic_audit.critic import CriticSpec, ScoringConfig
+
+    spec = CriticSpec.from_scoring(ScoringConfig(str(d), device="cpu", allow_pickle=True))  # the CLI's --allow-pickle
+    assert spec.allow_pickle and spec.inspect().format == "verl-fsdp"
     (d / "model_world_size_2_rank_1.pt").unlink()
     with pytest.raises(CheckpointError, match=r"lacks rank file\(s\) \[1\]"):
         load_critic(d, device="cpu", allow_pickle=True)

@@ -139,3 +139,35 @@ def test_no_function_over_100_lines():
                     fixed.append(key)
     assert not too_long, too_long
     assert not fixed, f"now under 100 lines, drop from LONG_FUNCTIONS: {fixed}"
+
+
+#: The only ContextVar of the package: the shared-prefix key/value cache of one scoring call (attention
+#: plumbing inside critic/infer.py). Run options travel explicitly, in ScoringConfig.
+CONTEXT_VARS = {"critic_audit.critic.infer._PREFIX_KV"}
+
+
+def _is_context_var(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and "ContextVar" in (getattr(node.func, "attr", None), getattr(node.func, "id", None))
+
+
+def test_no_context_vars_but_the_prefix_kv():
+    """No module creates a ``contextvars.ContextVar`` except :data:`CONTEXT_VARS`: how a critic runs
+    is passed explicitly, in :class:`critic_audit.critic.ScoringConfig`."""
+    found, allowed = [], []
+    for name, path in modules(PKG).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        ok = set()
+        for node in ast.walk(tree):  # the allowed ones: ``NAME = ContextVar(...)`` (or annotated)
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _is_context_var(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and f"{name}.{t.id}" in CONTEXT_VARS for t in targets):
+                    ok.add(id(node.value))
+                    allowed += [f"{name}.{t.id}" for t in targets if isinstance(t, ast.Name)]
+        found += [f"{name}: ContextVar() at line {n.lineno}" for n in ast.walk(tree)
+                  if _is_context_var(n) and id(n) not in ok]
+    assert not found, found
+    assert sorted(allowed) == sorted(CONTEXT_VARS)  # the pattern still sees the one there is
+    import critic_audit.critic as critic
+
+    for gone in ("pickle_allowed", "scoring_cache", "current_options", "ALLOW_PICKLE"):
+        assert not hasattr(critic, gone), gone

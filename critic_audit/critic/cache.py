@@ -71,9 +71,7 @@ from critic_audit.critic.options import (  # noqa: F401  (re-exported)
     CHUNK_NAME,
     CacheOptions,
     cache_root_for,
-    current_options,
     describe_kept,
-    scoring_cache,
 )
 from critic_audit.errors import ConfigError
 

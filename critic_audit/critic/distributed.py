@@ -47,7 +47,7 @@ from critic_audit.critic.load import (
     load_critic,
     resolve_dtype,
 )
-from critic_audit.critic.options import DEFAULT_CHUNK_SECONDS
+from critic_audit.critic.options import DEFAULT_CHUNK_SECONDS, ScoringConfig
 from critic_audit.errors import ConfigError, CriticAuditError, ScoringError
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,19 @@ class CriticSpec:
     head: str | None = None
     allow_pickle: bool = False
     trust_remote_code: bool = False
+
+    @classmethod
+    def from_scoring(cls, scoring: ScoringConfig) -> CriticSpec:
+        """The spec of how ``scoring`` runs its critic (path, device, dtype, allow_pickle, trust_remote_code).
+
+        Raises:
+            ConfigError: ``scoring`` names no critic.
+        """
+        if scoring.critic is None:
+            raise ConfigError("a ScoringConfig without a critic has nothing to score",
+                              fix="pass ScoringConfig(critic=CHECKPOINT_DIR)")
+        return cls(scoring.critic, device=scoring.device, dtype=scoring.dtype,
+                   allow_pickle=scoring.allow_pickle, trust_remote_code=scoring.trust_remote_code)
 
     def load(self, device: str) -> Critic:
         """:func:`load_critic` with these options on ``device``."""

@@ -149,9 +149,6 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False):
         ) from exc
 
 
-from critic_audit.critic.options import ALLOW_PICKLE, pickle_allowed  # noqa: E402,F401
-
-
 def load_critic(
     path: str | Path,
     *,
@@ -159,7 +156,7 @@ def load_critic(
     dtype: str | torch.dtype = "auto",
     trust_remote_code: bool = False,
     head: str | Path | None = None,
-    allow_pickle: bool | None = None,
+    allow_pickle: bool = False,
 ) -> Critic:
     """Load a critic checkpoint as a :class:`Critic`; the format is detected (``docs/critics.md``).
 
@@ -181,7 +178,8 @@ def load_critic(
         head: a value-head file (safetensors with ``score.*``, ``v_head.summary.*`` or
             ``value_head.*``, e.g. from ``fit-critic --head-out``) to use instead of the checkpoint's.
         allow_pickle: read pickle weights (``*.bin``, ``*.pt``, verl FSDP shards) with
-            ``torch.load(weights_only=True)``. Default: off (see :func:`pickle_allowed`).
+            ``torch.load(weights_only=True)``. Default: off (the CLI's ``--allow-pickle``;
+            :attr:`critic_audit.critic.ScoringConfig.allow_pickle`).
 
     Raises:
         CheckpointError: missing path, no format matches (the message lists what was found), custom
@@ -230,12 +228,11 @@ def load_critic(
     )
 
 
-def _resolve(path: Path, head: str | Path | None, allow_pickle: bool | None, trust_remote_code: bool):
+def _resolve(path: Path, head: str | Path | None, allow_pickle: bool, trust_remote_code: bool):
     """Detect and resolve the checkpoint format (weights stay on disk except the head)."""
     from critic_audit.critic.formats import resolve
 
-    pickle_ok = ALLOW_PICKLE.get() if allow_pickle is None else bool(allow_pickle)
-    return resolve(Path(path), head=Path(head) if head is not None else None, allow_pickle=pickle_ok,
+    return resolve(Path(path), head=Path(head) if head is not None else None, allow_pickle=bool(allow_pickle),
                    trust_remote_code=trust_remote_code)
 
 
@@ -287,7 +284,7 @@ def inspect_critic(
     *,
     trust_remote_code: bool = False,
     head: str | Path | None = None,
-    allow_pickle: bool | None = None,
+    allow_pickle: bool = False,
 ) -> CriticInfo:
     """Describe a critic checkpoint as :func:`load_critic` reads it, without building the backbone
     (only the head and the tokenizer are read; verl FSDP shards are still merged).

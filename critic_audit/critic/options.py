@@ -1,17 +1,22 @@
-"""Run-wide critic options set by the CLI, read by :func:`load_critic` and ``pipeline.scoring.score_missing``.
+"""How a critic runs: :class:`ScoringConfig` (device, dtype, token budget, trust_remote_code,
+allow_pickle, workers) and its :class:`CacheOptions` (the resumable scoring cache), passed explicitly
+to ``pipeline.analyze`` and ``pipeline.scoring.score_missing``; plus the cache folder's helpers
+(:func:`cache_root_for`, :func:`describe_cache`, :func:`remove_cache_root`).
 
-Light on purpose (no torch import), so that the CLI can set them before it knows whether a critic
+Light on purpose (no torch import): the CLI builds these options before it knows whether a critic
 will be loaded at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
-from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from critic_audit.errors import ConfigError
 
 #: A fixed chunk size in scored positions, for callers that ask for one (``chunk_tokens``); by default
 #: chunks are sized by time (:data:`DEFAULT_CHUNK_SECONDS`).
@@ -21,24 +26,27 @@ DEFAULT_CHUNK_SECONDS = 60.0
 #: File name of a chunk of batches ``[a, b)`` of the plan (``critic.cache.ChunkCache.path``).
 CHUNK_NAME = r"^chunk-(\d{6})-(\d{6})\.npz$"
 
-#: Default of ``load_critic(allow_pickle=None)``; set for a block with :func:`pickle_allowed`.
-ALLOW_PICKLE: ContextVar[bool] = ContextVar("critic_audit_allow_pickle", default=False)
-
-
-@contextlib.contextmanager
-def pickle_allowed(flag: bool = True) -> Iterator[None]:
-    """Within the block, :func:`load_critic` calls without ``allow_pickle`` use ``flag`` (the CLI's
-    ``--allow-pickle``)."""
-    token = ALLOW_PICKLE.set(bool(flag))
-    try:
-        yield
-    finally:
-        ALLOW_PICKLE.reset(token)
-
 
 @dataclass(frozen=True)
 class CacheOptions:
-    """Where and how ``pipeline.scoring.score_missing`` caches scoring (see :func:`scoring_cache`)."""
+    """Where and how critic scoring is cached and resumed (the CLI's ``--resume``,
+    ``--keep-scoring-cache``; :attr:`ScoringConfig.cache`).
+
+    Scoring in ``pipeline.analyze`` is cached under ``root`` (one subfolder per critic and set of
+    sequences) and resumed from it, a chunk committed every ``chunk_seconds`` of scoring (or every
+    ``chunk_tokens`` scored positions when given). When ``analyze`` returns, ``root`` is removed
+    unless ``keep`` (:meth:`remove_after_success`); after an exception it stays, for the next run to
+    resume (:func:`describe_cache` says what it holds).
+
+    Attributes:
+        root: the cache folder (the CLI's ``<out>.scoring-cache``, :func:`cache_root_for`); a ``str``
+            is turned into a :class:`~pathlib.Path`.
+        resume: cache and resume scoring; ``False`` scores without a cache and leaves an existing
+            one alone.
+        keep: keep ``root`` after a successful run.
+        chunk_tokens: commit a chunk every this many scored positions (None: by time).
+        chunk_seconds: commit a chunk after about this much scoring time (seconds).
+    """
 
     root: Path
     resume: bool = True
@@ -46,13 +54,89 @@ class CacheOptions:
     chunk_tokens: int | None = None
     chunk_seconds: float = DEFAULT_CHUNK_SECONDS
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
 
-_CACHE: ContextVar[CacheOptions | None] = ContextVar("critic_audit_scoring_cache", default=None)
+    def as_dict(self) -> dict[str, Any]:
+        """The options as ``config.json``'s ``scoring_cache`` (``root`` as a string)."""
+        return {"root": str(self.root), "resume": self.resume, "keep": self.keep, "chunk_tokens": self.chunk_tokens,
+                "chunk_seconds": self.chunk_seconds}
+
+    def remove_after_success(self) -> None:
+        """What a run that ended without an exception does with the cache: remove ``root``
+        (:func:`remove_cache_root`) unless ``keep``; with ``resume=False`` an existing one is left alone."""
+        if self.resume and not self.keep and self.root.exists():
+            remove_cache_root(self.root)
 
 
-def current_options() -> CacheOptions | None:
-    """The options set by the innermost :func:`scoring_cache` block, or None."""
-    return _CACHE.get()
+@dataclass(frozen=True)
+class ScoringConfig:
+    """How the critic runs: the one description, read by ``pipeline.analyze``,
+    ``pipeline.scoring.score_missing`` and (:meth:`critic_audit.critic.CriticSpec.from_scoring`) the
+    distributed workers.
+
+    Attributes:
+        critic: the critic checkpoint folder (Hugging Face token-classification layout, or any format
+            of ``docs/critics.md``). None: no critic; the inputs carry their values, and only
+            ``allow_pickle`` and ``cache`` are recorded (and the cache removed after success).
+        device: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
+        dtype: backbone compute dtype: ``float32`` (default: a bf16 backbone moves the values by
+            ~2.5 % of their scale and eta2 with them, see docs/critics.md), ``bfloat16``, ``float16``
+            or ``auto`` (float32 on CPU, bfloat16 on CUDA). The value head always runs in float32.
+        token_budget: most padded tokens (rows x length) in one forward pass.
+        trust_remote_code: allow checkpoints whose config asks for custom code.
+        workers: scoring workers, each with its own device (1: score in this process).
+        backend: how several workers run: ``processes`` (one per GPU of this machine) or ``ray``
+            (Ray actors, across nodes; also with one worker). See ``critic_audit.critic.distributed``.
+        ray_address: the Ray cluster to join (``auto``: the one ``ray start`` made; None: a local one).
+        threads: torch CPU threads for scoring, in this process or per worker (None: torch's default
+            in-process; the CPUs divided among the workers). On CPU, values are bit-identical across
+            ``workers`` only at the same threads (oneDNN rounds differently at another count).
+        allow_pickle: read pickle critic weights (``*.bin``, ``*.pt``, verl FSDP shards) with
+            ``torch.load(weights_only=True)`` (the CLI's ``--allow-pickle``).
+        cache: the resumable scoring cache (:class:`CacheOptions`); None: score without one.
+
+    Raises:
+        ConfigError: ``threads``, ``token_budget`` or ``workers`` below 1, an unknown ``backend``, or
+            ``ray_address`` without the ray backend (the message names the CLI option).
+    """
+
+    critic: str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+    token_budget: int = 16384
+    trust_remote_code: bool = False
+    workers: int = 1
+    backend: str = "processes"
+    ray_address: str | None = None
+    threads: int | None = None
+    allow_pickle: bool = False
+    cache: CacheOptions | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}", fix="use e.g. --threads 1")
+        if self.token_budget < 1:
+            raise ConfigError(f"--token-budget must be at least 1, got {self.token_budget}",
+                              fix="use e.g. --token-budget 16384")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {self.workers}", fix="use e.g. --workers 2")
+        if self.backend not in ("processes", "ray"):
+            raise ConfigError(f"--backend must be processes or ray, got {self.backend!r}",
+                              fix="use --backend processes (this machine) or --backend ray")
+        if self.ray_address is not None and self.backend != "ray":
+            raise ConfigError("--ray-address is for the ray backend", fix="add --backend ray")
+
+    @property
+    def distributed(self) -> bool:
+        """Scoring goes to workers (several, or a Ray actor) instead of this process."""
+        return self.workers > 1 or self.backend == "ray"
+
+    def as_dict(self) -> dict[str, Any]:
+        """How the critic ran, as ``config.json``'s ``scoring``: every field but the run-wide
+        ``allow_pickle`` and ``cache``, which ``config.json`` records at its top level
+        (``allow_pickle``, ``scoring_cache``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("allow_pickle", "cache")}
 
 
 def cache_root_for(out_dir: str | Path) -> Path:
@@ -66,28 +150,6 @@ def cache_root_for(out_dir: str | Path) -> Path:
 
     out = check_out_path(out_dir)
     return out.with_name(out.name + ".scoring-cache")
-
-
-@contextlib.contextmanager
-def scoring_cache(root: str | Path, *, resume: bool = True, keep: bool = False,
-                  chunk_tokens: int | None = None,
-                  chunk_seconds: float = DEFAULT_CHUNK_SECONDS) -> Iterator[CacheOptions]:
-    """Within the block, critic scoring in ``pipeline.analyze`` is cached under ``root`` (one subfolder
-    per critic and set of sequences) and resumed from it, a chunk committed every ``chunk_seconds``
-    of scoring (or every ``chunk_tokens`` scored positions when given). When the block ends without
-    an exception, ``root`` is removed unless ``keep``; after an exception it stays, for the next run
-    to resume (:func:`describe_cache` says what it holds). ``resume=False`` scores without a cache
-    (and leaves an existing one alone)."""
-    opts = CacheOptions(Path(root), resume=resume, keep=keep, chunk_tokens=chunk_tokens,
-                        chunk_seconds=chunk_seconds)
-    token = _CACHE.set(opts)
-    try:
-        yield opts
-    finally:
-        _CACHE.reset(token)
-    # only reached without an exception
-    if resume and not keep and opts.root.exists():
-        remove_cache_root(opts.root)
 
 
 def _is_chunk_cache(folder: Path) -> bool:

@@ -8,8 +8,9 @@ callback ``progress(stage: str, done: int, total: int)``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -250,11 +251,12 @@ def _open_critic(scoring: ScoringConfig) -> tuple[Any, dict[str, Any]]:
     from critic_audit.critic import inspect_critic, load_critic  # torch/transformers load only when needed
 
     if scoring.distributed:  # the workers load the critic; this process needs its tokenizer
-        critic = inspect_critic(scoring.critic, trust_remote_code=scoring.trust_remote_code)
+        critic = inspect_critic(scoring.critic, trust_remote_code=scoring.trust_remote_code,
+                                allow_pickle=scoring.allow_pickle)
         inference = {"critic": str(scoring.critic), "device": None, "dtype": None}
     else:
         critic = load_critic(scoring.critic, device=scoring.device, dtype=scoring.dtype,
-                             trust_remote_code=scoring.trust_remote_code)
+                             trust_remote_code=scoring.trust_remote_code, allow_pickle=scoring.allow_pickle)
         inference = {"critic": str(scoring.critic), "device": str(critic.device),
                      "dtype": str(critic.dtype).replace("torch.", "")}
     inference.update(token_budget=scoring.token_budget, backend=scoring.backend if scoring.distributed else
@@ -297,7 +299,22 @@ def _tokenize_chat(convs: list[Conversation], critic: Any, tokenize: TokenizeCon
             tok_res.template_system)
 
 
+def _removes_scoring_cache(fn: Callable[..., AnalyzeOutcome]) -> Callable[..., AnalyzeOutcome]:
+    """``analyze`` that, once it has returned, removes the scoring cache of each of its ``scoring``
+    configs (:meth:`~critic_audit.critic.CacheOptions.remove_after_success`: unless ``keep``; with
+    ``resume=False`` an existing cache is left alone); after an exception the caches stay, to resume."""
+    @functools.wraps(fn)
+    def run(inputs: Sequence[str | Path], out_dir: str | Path, **kwargs: Any) -> AnalyzeOutcome:
+        outcome = fn(inputs, out_dir, **kwargs)
+        for sc in _given(kwargs.get("scoring")):
+            if sc.cache is not None:
+                sc.cache.remove_after_success()
+        return outcome
+    return run
+
+
 @one_process_per_out
+@_removes_scoring_cache
 def analyze(
     inputs: Sequence[str | Path],
     out_dir: str | Path,
@@ -328,6 +345,12 @@ def analyze(
     ``limit``: audit a reproducible sample of that many trajectories, stratified by source
     (:func:`limit_sample`, seeded by ``audit_config.seed``), drawn before tokenizing and scoring;
     ``summary.json["limit"]`` records it (read and kept per source).
+
+    ``scoring`` says how each critic runs (:class:`ScoringConfig`: device, dtype, token budget,
+    workers, ``allow_pickle``) and where its scoring is cached (``scoring.cache``,
+    :class:`~critic_audit.critic.CacheOptions`: resumed from a kept cache; the cache root is removed
+    when ``analyze`` returns unless ``keep``, and stays after an exception). A ``ScoringConfig`` without
+    ``critic`` scores nothing: the inputs must carry their values.
 
     The output folder (replaced only once everything is written) holds ``summary.json``,
     ``trajectories.parquet`` (per-trajectory statistics), ``tokens.parquet`` (canonical tokens table
@@ -377,13 +400,12 @@ def analyze(
         "tokenize": {**dataclasses.asdict(tokenize), "chat_template": bool(tokenize.chat_template)},
         "audit": audit_config.as_dict(),
         "limit": limit,
-        **run_options(),
+        **run_options((_given(scoring) or [None])[0]),
     }
     if len(scorings) == 1:
         result, tokens, ctx = _audit_one(inputs, scorings[0], read_options, tokenize, audit_config, progress, convs,
                                          tables, _report)
-        config = {**base_config, "scoring": dataclasses.asdict(scorings[0]) if scorings[0] else None,
-                  "critic_max_length": ctx}
+        config = {**base_config, "scoring": scorings[0].as_dict() if scorings[0] else None, "critic_max_length": ctx}
         name_sampled_checkpoint(result.summary, limit_info)
         with staging(out_dir) as tmp:
             summary = with_run(result.summary, seconds=time.perf_counter() - t0, input=_report, limit=limit_info)
@@ -395,14 +417,18 @@ def analyze(
                             _report, base_config, plots=plots, overwrite=overwrite, t0=t0, limit_info=limit_info)
 
 
+def _given(scoring: ScoringConfig | Sequence[ScoringConfig] | None) -> list[ScoringConfig]:
+    """``analyze``'s ``scoring`` as a list of the configs given (with a critic or not)."""
+    if scoring is None:
+        return []
+    return [scoring] if isinstance(scoring, ScoringConfig) else list(scoring)
+
 
 def _scoring_list(scoring: ScoringConfig | Sequence[ScoringConfig] | None) -> list[ScoringConfig | None]:
-    """``analyze``'s ``scoring`` as a list: ``[None]`` (values given, no critic), one critic, or several."""
-    if scoring is None:
-        return [None]
-    if isinstance(scoring, ScoringConfig):
-        return [scoring]
-    return list(scoring) or [None]
+    """``analyze``'s critics as a list: ``[None]`` (values given, no critic), one critic, or several
+    (configs without a ``critic`` only carry run-wide options: :func:`_given`)."""
+    return [sc for sc in _given(scoring) if sc.critic is not None] or [None]
+
 
 def _analyze_critics(inputs: Sequence[str | Path], out_dir: Path, scorings: list[ScoringConfig], read_options: ReadOptions,
                      tokenize: TokenizeConfig, audit_config: AuditConfig, progress: Progress | None,
@@ -421,7 +447,7 @@ def _analyze_critics(inputs: Sequence[str | Path], out_dir: Path, scorings: list
 
             result, tokens, ctx = _audit_one(inputs, sc, read_options, tokenize, audit_config, prog, convs,
                                              tables, _report)
-            config = {**base_config, "scoring": dataclasses.asdict(sc), "critic_max_length": ctx}
+            config = {**base_config, **run_options(sc), "scoring": sc.as_dict(), "critic_max_length": ctx}
             write_folder(tmp / "critics" / label, result, with_run(result.summary, limit=limit_info), tokens, config,
                          plots)
             pers.append(result.per_trajectory.with_columns(critic=pl.lit(label)))
@@ -439,7 +465,7 @@ def _analyze_critics(inputs: Sequence[str | Path], out_dir: Path, scorings: list
             "per_critic": per_summary,
         }
         summary = with_run(comparison, inputs=inputs, seconds=time.perf_counter() - t0, input=_report, limit=limit_info)
-        config = {**base_config, "scoring": [dataclasses.asdict(sc) for sc in scorings]}
+        config = {**base_config, "scoring": [sc.as_dict() for sc in scorings]}
         write_summary(tmp / "summary.json", summary)
         write_json(tmp / "config.json", config)
         per_all.write_parquet(tmp / "trajectories.parquet")

@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 
 from critic_audit.analysis.audit import AuditResult
+from critic_audit.critic.options import ScoringConfig
 from critic_audit.errors import ConfigError
 from critic_audit.outputs import check_out_path, check_replaceable, lock_folder, publish
 from critic_audit.summary import AuditSummary
@@ -89,13 +90,10 @@ def one_process_per_out(fn: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
-def run_options() -> dict[str, Any]:
-    """The run-wide options the CLI sets as context (resume, scoring cache, chunk size, allow-pickle),
-    for ``config.json``."""
-    from critic_audit.critic.options import ALLOW_PICKLE, current_options
-
-    cache = current_options()
-    return {"allow_pickle": ALLOW_PICKLE.get(),
-            "scoring_cache": None if cache is None else {"root": str(cache.root), "resume": cache.resume,
-                                                         "keep": cache.keep, "chunk_tokens": cache.chunk_tokens,
-                                                         "chunk_seconds": cache.chunk_seconds}}
+def run_options(scoring: ScoringConfig | None) -> dict[str, Any]:
+    """The run-wide options of ``scoring`` (allow-pickle; the scoring cache: resume, keep, chunk size)
+    as ``config.json`` records them at its top level (``allow_pickle``, ``scoring_cache``; no config:
+    ``False`` and None)."""
+    cache = scoring.cache if scoring is not None else None
+    return {"allow_pickle": bool(scoring is not None and scoring.allow_pickle),
+            "scoring_cache": None if cache is None else cache.as_dict()}

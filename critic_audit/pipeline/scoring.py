@@ -1,12 +1,12 @@
-"""How a critic scores the tokens of ``analyze``: :class:`ScoringConfig`, the checks before scoring
-(vocabulary, context), and :func:`score_missing` (in this process, from the resumable cache, or on
-workers). Library code: no typer or rich.
+"""How a critic scores the tokens of ``analyze``: :class:`ScoringConfig` (defined in
+:mod:`critic_audit.critic.options`, re-exported here), the checks before scoring (vocabulary,
+context), and :func:`score_missing` (in this process, from the resumable cache, or on workers).
+Library code: no typer or rich.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import tempfile
 from collections.abc import Callable, Sequence
@@ -15,6 +15,7 @@ from typing import Any
 
 import polars as pl
 
+from critic_audit.critic.options import CacheOptions, ScoringConfig  # noqa: F401  (re-exported)
 from critic_audit.errors import ConfigError, InputError
 from critic_audit.io.records import ReadReport
 
@@ -22,61 +23,11 @@ from critic_audit.io.records import ReadReport
 Progress = Callable[[str, int, int], None]
 
 
-@dataclasses.dataclass(frozen=True)
-class ScoringConfig:
-    """How the critic runs.
-
-    Attributes:
-        critic: the critic checkpoint folder (Hugging Face token-classification layout).
-        device: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
-        dtype: backbone compute dtype: ``float32`` (default: a bf16 backbone moves the values by
-            ~2.5 % of their scale and eta2 with them, see docs/critics.md), ``bfloat16``, ``float16``
-            or ``auto`` (float32 on CPU, bfloat16 on CUDA). The value head always runs in float32.
-        token_budget: most padded tokens (rows x length) in one forward pass.
-        trust_remote_code: allow checkpoints whose config asks for custom code.
-        workers: scoring workers, each with its own device (1: score in this process).
-        backend: how several workers run: ``processes`` (one per GPU of this machine) or ``ray``
-            (Ray actors, across nodes; also with one worker). See ``critic_audit.critic.distributed``.
-        ray_address: the Ray cluster to join (``auto``: the one ``ray start`` made; None: a local one).
-        threads: torch CPU threads for scoring, in this process or per worker (None: torch's default
-            in-process; the CPUs divided among the workers). On CPU, values are bit-identical across
-            ``workers`` only at the same threads (oneDNN rounds differently at another count).
-    """
-
-    critic: str
-    device: str = "auto"
-    dtype: str = "float32"
-    token_budget: int = 16384
-    trust_remote_code: bool = False
-    workers: int = 1
-    backend: str = "processes"
-    ray_address: str | None = None
-    threads: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads must be at least 1, got {self.threads}", fix="use e.g. --threads 1")
-        if self.token_budget < 1:
-            raise ConfigError(f"--token-budget must be at least 1, got {self.token_budget}",
-                              fix="use e.g. --token-budget 16384")
-        if self.workers < 1:
-            raise ConfigError(f"--workers must be at least 1, got {self.workers}", fix="use e.g. --workers 2")
-        if self.backend not in ("processes", "ray"):
-            raise ConfigError(f"--backend must be processes or ray, got {self.backend!r}",
-                              fix="use --backend processes (this machine) or --backend ray")
-        if self.ray_address is not None and self.backend != "ray":
-            raise ConfigError("--ray-address is for the ray backend", fix="add --backend ray")
-
-    @property
-    def distributed(self) -> bool:
-        """Scoring goes to workers (several, or a Ray actor) instead of this process."""
-        return self.workers > 1 or self.backend == "ray"
-
-
 def critic_labels(scorings: Sequence[ScoringConfig]) -> list[str]:
     """Short unique labels for critics, usable as folder names: the folder name, prefixed by its
-    parent's name where names collide (``runA_critic``), then numbered (``critic-2``)."""
-    paths = [Path(sc.critic).expanduser().resolve() for sc in scorings]
+    parent's name where names collide (``runA_critic``), then numbered (``critic-2``). Every
+    ``scorings[i].critic`` is set."""
+    paths = [Path(str(sc.critic)).expanduser().resolve() for sc in scorings]
     names = [p.name or "critic" for p in paths]
     if len(set(names)) < len(names):
         names = [f"{p.parent.name}_{p.name}" if p.parent.name else p.name for p in paths]
@@ -199,24 +150,23 @@ def critic_fitted_ids(critic: str | Path) -> list[str] | None:
 
 
 def score_missing(tokens: pl.DataFrame, critic: Any, scoring: ScoringConfig, inference: dict[str, Any],
-                   progress: Progress | None, *, cache_dir: str | Path | None = None,
-                   keep_cache: bool = False) -> pl.DataFrame:
+                  progress: Progress | None) -> pl.DataFrame:
     """Fill ``value`` for every trajectory whose policy tokens lack one, with the critic.
 
-    Scoring is resumable (``critic_audit.critic.score_values_cached``) inside a
-    ``critic_audit.critic.scoring_cache`` block (the CLI's ``--resume``, on by default: the cache is
-    ``<out>.scoring-cache/``, removed when the block ends without error unless kept), or when
-    ``cache_dir`` is given (removed after scoring unless ``keep_cache``).
+    Scoring is resumable (``critic_audit.critic.score_values_cached``) when ``scoring.cache`` is set
+    with ``resume`` (the CLI's ``--resume``, on by default: the cache is ``<out>.scoring-cache/``;
+    ``pipeline.analyze`` removes it after success unless ``keep``); the chunk size options of
+    ``scoring.cache`` apply to the distributed scorer with or without ``resume``.
 
     With ``scoring.distributed``, ``critic`` is a ``CriticInfo`` and the chunks are scored by workers
     (``critic_audit.critic.score_values_distributed``; without a cache, in a temporary folder)."""
     from critic_audit.critic import score_values
-    from critic_audit.critic.cache import current_options, score_values_cached
+    from critic_audit.critic.cache import score_values_cached
     from critic_audit.critic.infer import torch_threads
 
-    opts = current_options()
-    if cache_dir is None and opts is not None and opts.resume:
-        cache_dir, keep_cache = opts.root, True  # the block removes it
+    opts = scoring.cache
+    cache_dir = opts.root if opts is not None and opts.resume else None
+    keep_cache = cache_dir is not None  # the critic's subfolder stays: analyze removes the root after success
 
     need = tokens.filter(pl.col("response_mask") & pl.col("value").is_null())["trajectory_id"].unique(maintain_order=True)
     if need.len() == 0:
@@ -260,10 +210,8 @@ def _score_distributed(info: Any, seqs: list, scoring: ScoringConfig, cache_dir:
                        kw: dict[str, Any]) -> list:
     """``score_values_distributed`` for ``scoring``; without a cache folder, in a temporary one."""
     from critic_audit.critic.distributed import CriticSpec, score_values_distributed
-    from critic_audit.critic.options import ALLOW_PICKLE
 
-    spec = CriticSpec(scoring.critic, device=scoring.device, dtype=scoring.dtype, allow_pickle=ALLOW_PICKLE.get(),
-                      trust_remote_code=scoring.trust_remote_code)
+    spec = CriticSpec.from_scoring(scoring)
     with tempfile.TemporaryDirectory(prefix="critic-audit-scoring-") if cache_dir is None else \
             contextlib.nullcontext(cache_dir) as root:
         return score_values_distributed(spec, seqs, root, workers=scoring.workers, backend=scoring.backend,
