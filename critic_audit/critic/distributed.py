@@ -291,6 +291,36 @@ def _worker_error(w: int, k: int, exc: BaseException, kept: str) -> CriticAuditE
     return ScoringError(f"scoring worker {w} failed {when}: {type(exc).__name__}: {first}", fix=resume)
 
 
+def _start_ray(ray: Any, ray_address: str | None) -> bool:
+    """``ray.init(address=ray_address)`` when ``ray`` (None: the processes backend) is not initialized
+    yet; True when this call started it (the caller shuts it down).
+
+    Raises:
+        ConfigError: the cluster at ``ray_address`` cannot be reached.
+    """
+    if ray is None or ray.is_initialized():
+        return False
+    try:
+        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+    except ConnectionError as exc:
+        raise ConfigError(f"cannot reach the Ray cluster at {ray_address} ({str(exc).splitlines()[0]})",
+                          fix="start it with `ray start --head` (and `ray start --address HEAD:6379` on the "
+                              "other nodes), or drop --ray-address to start a local one") from exc
+    return True
+
+
+def _worker_devices(ray: Any, critic: CriticSpec, workers: int,
+                    threads: int | None) -> tuple[str, list[str], int | None]:
+    """``(device_type, devices, threads)`` of the workers: one device per worker (the device type for
+    each Ray actor) and the torch threads per worker (``threads``, or by default the CPUs divided
+    among the processes; 1 per Ray actor on CPU, torch's own on CUDA)."""
+    if ray is not None:
+        device_type = _ray_device(ray, critic.device, workers, threads or 1)
+        return device_type, [device_type] * workers, threads or (None if device_type == "cuda" else 1)
+    devices = _process_devices(critic.device, workers)
+    return devices[0].split(":")[0], devices, threads or max(1, _cpu_count() // workers)
+
+
 def score_values_distributed(
     critic: CriticSpec,
     sequences: Sequence[np.ndarray],
@@ -354,24 +384,9 @@ def score_values_distributed(
     info = info or critic.inspect()
     seqs = _validate(sequences, info.max_length, info.vocab_size)
     ray = _import_ray() if backend == "ray" else None
-    started_ray = False
-    if ray is not None and not ray.is_initialized():
-        try:
-            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
-        except ConnectionError as exc:
-            raise ConfigError(f"cannot reach the Ray cluster at {ray_address} ({str(exc).splitlines()[0]})",
-                              fix="start it with `ray start --head` (and `ray start --address HEAD:6379` on the "
-                                  "other nodes), or drop --ray-address to start a local one") from exc
-        started_ray = True
+    started_ray = _start_ray(ray, ray_address)
     try:
-        if ray is not None:
-            device_type = _ray_device(ray, critic.device, workers, threads or 1)
-            devices = [device_type] * workers
-            threads = threads or (None if device_type == "cuda" else 1)
-        else:
-            devices = _process_devices(critic.device, workers)
-            device_type = devices[0].split(":")[0]
-            threads = threads or max(1, _cpu_count() // workers)
+        device_type, devices, threads = _worker_devices(ray, critic, workers, threads)
         dtype = resolve_dtype(critic.dtype, torch.device(device_type))
         fingerprint = info.fingerprint(dtype, device_type)
         strat = resolve_strategy(strategy, device_type, info.config, attention_mask=attention_mask)
