@@ -19,7 +19,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AlgorithmSpec", "ALGORITHM_SPECS", "ALGORITHM_NAMES", "algorithm_spec"]
+__all__ = [
+    "AlgorithmSpec",
+    "ALGORITHM_SPECS",
+    "ALGORITHM_NAMES",
+    "VERL_BUILTIN_ESTIMATORS",
+    "VERL_BUILTIN_LOSS_MODES",
+    "algorithm_spec",
+    "verl_plugin_estimators",
+    "verl_plugin_losses",
+]
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,28 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
     """The spec of ``name`` (KeyError for an unknown one; :class:`critic_audit.train.config.AlgoConfig`
     refuses those with a one-line ConfigError)."""
     return ALGORITHM_SPECS[name]
+
+
+#: verl's own ``algorithm.adv_estimator`` names that the table uses: verl runs these itself.
+VERL_BUILTIN_ESTIMATORS: frozenset[str] = frozenset({"grpo", "gae"})
+#: verl's own ``actor.policy_loss.loss_mode`` names that the table uses.
+VERL_BUILTIN_LOSS_MODES: frozenset[str] = frozenset({"vanilla", "gspo"})
+
+
+def verl_plugin_estimators() -> dict[str, str]:
+    """verl estimator name -> our estimator (:func:`critic_audit.rl.get_advantage_estimator`), for every
+    algorithm whose ``verl_estimator`` verl does not have: what the verl plugin registers
+    (``{"mpo": "mae", "decoupled_gae": "decoupled_gae", "vapo": "vapo", "sao": "sao"}``)."""
+    return {s.verl_estimator: s.estimator for s in ALGORITHM_SPECS.values()
+            if s.verl_estimator not in VERL_BUILTIN_ESTIMATORS}
+
+
+def verl_plugin_losses() -> dict[str, str]:
+    """verl ``loss_mode`` -> our policy loss (:func:`critic_audit.rl.get_policy_loss`, named as the
+    algorithm), for every algorithm whose loss verl does not have: what the verl plugin registers
+    (``{"mpo": "mpo", "sao": "sao"}``)."""
+    return {s.verl_loss_mode: s.name for s in ALGORITHM_SPECS.values()
+            if s.verl_loss_mode not in VERL_BUILTIN_LOSS_MODES}
 
 
 def docs_table() -> str:

@@ -28,10 +28,19 @@ from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo import ray_trainer as verl_ray_trainer  # noqa: E402
 from verl.trainer.ppo.v1 import utils as verl_v1_utils  # noqa: E402
 
+from critic_audit.algorithms import (  # noqa: E402
+    ALGORITHM_SPECS,
+    VERL_BUILTIN_ESTIMATORS,
+    VERL_BUILTIN_LOSS_MODES,
+)
 from critic_audit.errors import ConfigError  # noqa: E402
 from critic_audit.integrations.verl import main as launcher  # noqa: E402
 from critic_audit.integrations.verl.options import OPTIONS_ENV, read_options  # noqa: E402
-from critic_audit.integrations.verl.plugin import CriticValuesMissing, move_masked_rewards  # noqa: E402
+from critic_audit.integrations.verl.plugin import (  # noqa: E402
+    CriticValuesMissing,
+    estimator_config,
+    move_masked_rewards,
+)
 from critic_audit.integrations.verl.trainer import jagged_to_padded, values_to_estimators  # noqa: E402
 from critic_audit.rl import (  # noqa: E402
     DecoupledGAEConfig,
@@ -144,6 +153,31 @@ def test_estimators_through_verl_equal_the_library(options, seed, verl_name, our
     ref = compute_advantages(ours, RolloutBatch(rewards, values, mask), cfg)
     torch.testing.assert_close(out.batch["advantages"], ref.advantages, rtol=0, atol=0)
     torch.testing.assert_close(out.batch["returns"], ref.returns, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHM_SPECS))
+def test_the_plugin_runs_every_algorithm_of_the_table(options, algo):
+    """Each row of the one algorithm table (critic_audit.algorithms) reaches verl: its estimator and
+    loss mode are in verl's registries, verl's own where the table says verl has them, else the
+    plugin's, which run our estimator of that row (equal to the library's on a multi-turn batch)."""
+    spec = ALGORITHM_SPECS[algo]
+    options()
+    est = core_algos.ADV_ESTIMATOR_REGISTRY[spec.verl_estimator]
+    loss = core_algos.POLICY_LOSS_REGISTRY[spec.verl_loss_mode]
+    assert getattr(loss, "critic_audit_loss", None) == (
+        None if spec.verl_loss_mode in VERL_BUILTIN_LOSS_MODES else spec.name)
+    if spec.verl_estimator in VERL_BUILTIN_ESTIMATORS:
+        assert getattr(est, "critic_audit_estimator", None) is None  # verl's own, untouched
+        assert spec.uses_critic is (spec.verl_estimator == "gae")  # verl's GAE needs the critic, GRPO none
+        return
+    assert est.critic_audit_estimator == spec.estimator and spec.uses_critic
+    assert launcher.default_overrides([f"algorithm.adv_estimator={spec.verl_estimator}"])[-1] == "critic.enable=True"
+    rewards, mask, values, uid = multi_turn_batch(3)
+    with values_to_estimators():
+        out = verl_advantage(spec.verl_estimator, as_data(rewards, mask, values, uid))
+    cfg = estimator_config(spec.estimator, ALGO, {})
+    ref = compute_advantages(spec.estimator, RolloutBatch(rewards, values, mask), cfg)
+    torch.testing.assert_close(out.batch["advantages"], ref.advantages, rtol=0, atol=0)
 
 
 def test_the_wrapper_passes_the_values(options):

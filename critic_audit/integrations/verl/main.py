@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from critic_audit.algorithms import verl_plugin_estimators
 from critic_audit.errors import ConfigError, CriticAuditError
 from critic_audit.integrations.verl.options import OPTIONS_ENV, validate_options
 
@@ -35,7 +36,8 @@ __all__ = ["compose_verl_config", "check_config", "main", "parse_value", "prepar
 
 TRAINER_MODULE = "critic_audit.integrations.verl.trainer"
 TRAINER_MODE = "critic_audit_sync"
-_OUR_ESTIMATORS = ("mpo", "decoupled_gae", "vapo", "sao")
+#: the plugin's estimators (from the algorithm table): each needs the critic
+_OUR_ESTIMATORS = tuple(verl_plugin_estimators())
 
 
 def parse_value(text: str) -> Any:

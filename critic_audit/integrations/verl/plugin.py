@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 from verl.trainer.ppo import core_algos
 
+from critic_audit.algorithms import verl_plugin_estimators, verl_plugin_losses
 from critic_audit.errors import ConfigError, CriticAuditError
 from critic_audit.integrations.verl.options import read_options
 from critic_audit.integrations.verl.rewards import masked_reward_metrics, move_masked_rewards, place_masked_rewards
@@ -67,10 +68,10 @@ __all__ = [
     "registered_losses",
 ]
 
-#: verl name -> critic_audit.rl estimator name
-ESTIMATORS: dict[str, str] = {"mpo": "mae", "decoupled_gae": "decoupled_gae", "vapo": "vapo", "sao": "sao"}
-#: verl name -> critic_audit.rl policy loss name
-POLICY_LOSSES: dict[str, str] = {"mpo": "mpo", "sao": "sao"}
+#: verl name -> critic_audit.rl estimator name, from the algorithm table (the names verl lacks)
+ESTIMATORS: dict[str, str] = verl_plugin_estimators()
+#: verl name -> critic_audit.rl policy loss name, from the algorithm table (the names verl lacks)
+POLICY_LOSSES: dict[str, str] = verl_plugin_losses()
 
 _REGISTERED_ESTIMATORS: dict[str, str] = {}
 _REGISTERED_LOSSES: dict[str, str] = {}
