@@ -17,6 +17,10 @@ Tasks (``--task``):
 - ``disparity``: 4-token decision turns beside 600-token tool outputs and a report turn of up to 128
   tokens (the policy ends its turns itself, so report turns are as long as it makes them); MPO's ``length_buckets`` are (1, 8, 32, 128, 512) so the turn-ratio clip fraction and the
   variance of log rho_k are reported per turn length for the product and the geometric-mean ratio.
+- ``disparity_learn``: the same disparity of assistant turns (4-token decisions, reports of up to 64
+  tokens) with 100-token tool outputs, so that a learning run (150 steps of 64 episodes) costs some 10
+  CPU-minutes instead of hours (a 600-token tool output makes a step of 64 episodes some 100 s; tool
+  tokens carry no ratio, so the turn-ratio statistics do not depend on them).
 
 Each run is one job writing ``OUT/runs/TASK__VARIANT__sSEED.json`` (curves, the critic's audit by
 checkpoint from the run's ``critic_audit.jsonl``, the turn-ratio statistics); finished jobs are skipped,
@@ -72,6 +76,8 @@ TASKS: dict[str, list[str]] = {
              "env.max_new_tokens=32"],
     "disparity": ["env.kwargs={decision_tokens=4, observation_tokens=600, report_tokens=128}",
                   "env.max_new_tokens=128", "env.max_context=8192"],
+    "disparity_learn": ["env.kwargs={decision_tokens=4, observation_tokens=100, report_tokens=64}",
+                        "env.max_new_tokens=64", "env.max_context=4096"],
 }
 DISPARITY_BUCKETS = (1, 8, 32, 128, 512)
 
@@ -83,7 +89,7 @@ def job_path(out: Path, task: str, variant: str, seed: int) -> Path:
 def overrides(task: str, variant: str, seed: int, steps: int, extra: tuple[str, ...] = ()) -> list[str]:
     over = [*TASKS[task], f"seed={seed}", f"steps={steps}", "log.rollouts_every=0", f"log.save_every={steps}",
             "log.keep_checkpoints=1", "log.audit_every=20", *extra, *VARIANTS[variant]]
-    if task == "disparity":
+    if task.startswith("disparity"):
         # MPO's loss reports the bucketed statistics itself; the trainer's batch-level ones use the
         # loss config's buckets too when it has them
         mode = "geomean" if variant == "mpo_geomean" else "product"
