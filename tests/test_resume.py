@@ -254,6 +254,30 @@ def test_cli_resume_options(critic_path, rollouts, tmp_path):
 
 # --- chunks sized by measured throughput; what an interrupt keeps, in words (issue 26) -----------
 
+@pytest.mark.parametrize("kw, bad", [
+    ({"chunk_tokens": 0}, "chunk_tokens must be a whole number >= 1 or None, got 0"),
+    ({"chunk_tokens": -5}, "chunk_tokens must be a whole number >= 1 or None, got -5"),
+    ({"chunk_tokens": 2.5}, "chunk_tokens must be a whole number >= 1 or None, got 2.5"),
+    ({"chunk_tokens": True}, "chunk_tokens must be a whole number >= 1 or None, got True"),
+    ({"chunk_seconds": 0}, "chunk_seconds must be a number > 0, got 0"),
+    ({"chunk_seconds": -1.0}, "chunk_seconds must be a number > 0, got -1.0"),
+    ({"chunk_seconds": float("nan")}, "chunk_seconds must be a number > 0, got nan"),
+])
+def test_cache_options_refuse_bad_chunk_sizes_when_built(tmp_path, kw, bad):
+    """CacheOptions checks its chunk sizes in __post_init__ (as ScoringConfig does), one line with a
+    fix, instead of failing only once scoring starts."""
+    from critic_audit.critic import CacheOptions
+    from critic_audit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        CacheOptions(tmp_path / "c", **kw)
+    msg = str(e.value)
+    assert bad in msg and "(fix: use e.g. chunk_" in msg and "\n" not in msg
+    ok = CacheOptions(tmp_path / "c", chunk_tokens=1, chunk_seconds=0.5)  # the smallest sizes pass
+    assert (ok.chunk_tokens, ok.chunk_seconds) == (1, 0.5)
+    assert CacheOptions(tmp_path / "c").as_dict()["chunk_tokens"] is None
+
+
 def test_chunk_sizer_by_time_golden():
     from critic_audit.critic.cache import ChunkSizer
 

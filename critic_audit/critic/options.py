@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import numbers
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,10 @@ class CacheOptions:
         keep: keep ``root`` after a successful run.
         chunk_tokens: commit a chunk every this many scored positions (None: by time).
         chunk_seconds: commit a chunk after about this much scoring time (seconds).
+
+    Raises:
+        ConfigError: ``chunk_tokens`` given and not a whole number >= 1, or ``chunk_seconds`` not a
+            number > 0 (checked here, not first at scoring time).
     """
 
     root: Path
@@ -56,6 +61,14 @@ class CacheOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
+        n = self.chunk_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
+            raise ConfigError(f"CacheOptions.chunk_tokens must be a whole number >= 1 or None, got {n!r}",
+                              fix="use e.g. chunk_tokens=65536, or None to size chunks by time (chunk_seconds)")
+        s = self.chunk_seconds
+        if isinstance(s, bool) or not isinstance(s, numbers.Real) or not s > 0:
+            raise ConfigError(f"CacheOptions.chunk_seconds must be a number > 0, got {s!r}",
+                              fix=f"use e.g. chunk_seconds={DEFAULT_CHUNK_SECONDS:g} (scoring time per committed chunk)")
 
     def as_dict(self) -> dict[str, Any]:
         """The options as ``config.json``'s ``scoring_cache`` (``root`` as a string)."""
