@@ -332,6 +332,31 @@ def test_malformed_jsonl_names_line(tmp_path):
     _error(p, "record 1 (line 3)", "malformed JSON at line 3")
 
 
+def test_truncated_jsonl_line_names_the_end_of_that_line(tmp_path):
+    """A line cut off mid-record: the break is at the end of line 3, not at "line 3, column 1" (the
+    position past the line break that json reports); with CRLF endings and without a final newline
+    too. A break inside a line keeps its column within the line."""
+    cut = '{"messages": [{"role": "user", "content": "hi"}'  # cut after a complete message
+    for name, eol, last in (("lf.jsonl", "\n", "\n"), ("crlf.jsonl", "\r\n", "\r\n"), ("nofinal.jsonl", "\n", "")):
+        p = tmp_path / name
+        p.write_text(json.dumps(_rec(0)) + eol + json.dumps(_rec(1)) + eol + cut + last, newline="")
+        msg = _error(p, "record 2 (line 3)", "malformed JSON at the end of line 3", "Expecting ',' delimiter")
+        assert "column" not in msg
+    p = tmp_path / "mid.jsonl"
+    p.write_text(json.dumps(_rec(0)) + "\n" + '{"messages": [], oops}' + "\n")
+    _error(p, "record 1 (line 2)", "malformed JSON at line 2, column 18: Expecting property name")
+    p = tmp_path / "string.jsonl"  # an unterminated string: the column where it starts
+    p.write_text('  {"id": "a", "messages": "cut\n')
+    _error(p, "record 0 (line 1)", "malformed JSON at line 1, column 27: Unterminated string")
+
+
+def test_truncated_json_file_names_the_end_of_its_last_line(tmp_path):
+    p = tmp_path / "cut.json"
+    p.write_text("[\n" + json.dumps(_rec(0)) + ",\n" + '{"messages": [{"role": "user"}' + "\n\n  \n")
+    msg = _error(p, "malformed JSON at the end of line 3")
+    assert "line 4" not in msg and "column" not in msg
+
+
 def test_message_not_an_object(tmp_path):
     p = _write(tmp_path / "m.json", [_rec(1), {"id": "x", "messages": [{"role": "user", "content": "a"}, "oops"],
                                                "reward": 1}])

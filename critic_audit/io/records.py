@@ -371,6 +371,18 @@ def first_line(e: BaseException) -> str:
 
 
 def decode_problem(e: json.JSONDecodeError, line: int | None = None) -> str:
+    """Where a JSON text breaks, in the user's terms: ``"malformed JSON at line 3, column 17: ..."``.
+
+    ``e`` comes from parsing a whole document (``line`` None: ``e``'s line and column are the file's)
+    or one JSONL line without its line break (``line``: that line's number in the file; ``e``'s
+    column is within it). An error at the end of the input (nothing but whitespace from ``e.pos``
+    on: a record cut off mid-way) names the end of the last line that holds anything, where the break
+    is, not the column past it that ``json`` reports.
+    """
+    end = len(e.doc.rstrip())
+    if e.pos >= end:
+        last = line if line is not None else e.doc.count("\n", 0, end) + 1
+        return f"malformed JSON at the end of line {last} (the JSON stops before it is complete): {e.msg}"
     return f"malformed JSON at line {line if line is not None else e.lineno}, column {e.colno}: {e.msg}"
 
 
@@ -460,7 +472,7 @@ def iter_jsonl(path: Path, lenient: bool = False, report: ReadReport | None = No
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = json.loads(line.rstrip("\r\n"))  # without its line break: an error's column is the line's
             except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
                 if isinstance(e, json.JSONDecodeError):
                     problem = decode_problem(e, line_no)
