@@ -33,7 +33,7 @@ from critic_audit.errors import SchemaError
 
 __all__ = ["SUMMARY_VERSION", "RUN_KEYS", "AuditSummary", "Interval", "Fraction", "Share", "Coverage", "Boundary",
            "Truncation", "QualityGate", "CriticQuality", "Recommendation", "Breakdown", "InputReport", "RunInfo",
-           "PerCritic", "CriticComparison", "read_summary"]
+           "PerCritic", "CriticComparison", "read_summary", "is_summary"]
 
 #: The layout version written as ``summary_version`` (absent: the previous release, the same layout).
 SUMMARY_VERSION = 1
@@ -326,6 +326,16 @@ _COMPARISON_KEYS = tuple(f.name for f in dataclasses.fields(CriticComparison))
 #: comparison of several critics'. :meth:`AuditSummary.from_json` refuses an object without them.
 _SINGLE_REQUIRED = ("n_trajectories", "n_included", "eta2_median", "recommendation")
 _COMPARISON_REQUIRED = ("critics", "n_trajectories", "per_critic")
+
+
+def is_summary(doc: Any) -> bool:
+    """``doc`` (a parsed JSON value) is a ``summary.json`` that ``analyze`` wrote: an object with
+    ``summary_version``, or with every key :meth:`AuditSummary.from_json` requires (one critic's or a
+    comparison's). What the readers use to name such a file given as rollouts; no key is validated."""
+    if not isinstance(doc, Mapping):
+        return False
+    required = _COMPARISON_REQUIRED if "critics" in doc else _SINGLE_REQUIRED
+    return "summary_version" in doc or all(k in doc for k in required)
 
 
 @dataclasses.dataclass(frozen=True)

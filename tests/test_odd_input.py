@@ -171,3 +171,49 @@ def test_pickle_refusal_mentions_allow_pickle(tmp_path, critic_dir):
         load_critic(pk, device="cpu")
     assert "--allow-pickle" in str(e.value) and "weights_only=True" in str(e.value)
     load_critic(pk, device="cpu", allow_pickle=True)  # the flag reads it
+
+
+def test_own_summary_json_given_as_rollouts_is_named(tmp_path, critic_dir):
+    """``analyze OUT/summary.json``: one line saying it is critic-audit's summary.json, with the fix
+    (analyze the folder, or plot it), which works; also for the previous release's summary (no
+    summary_version) and a comparison's. Other unknown JSON objects keep the --messages-key advice,
+    a folder search still skips summary.json as no rollout file, and --format chat reads it as told."""
+    from conftest import conv
+
+    src = tmp_path / "r.jsonl"
+    src.write_text("".join(json.dumps(conv(i, 2, float(i % 2))) + "\n" for i in range(6)))
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["analyze", str(src), "--critic", str(critic_dir), "--out", str(out), "--no-plots",
+                              "--bootstrap", "20"])
+    assert res.exit_code == 0, res.output
+    summary = out / "summary.json"
+    res = runner.invoke(app, ["analyze", str(summary), "--out", str(tmp_path / "o3"), "--no-plots"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 1 and len(lines) == 1, res.output
+    assert "critic-audit's own summary.json" in lines[0] and "--messages-key" not in lines[0]
+    assert f"critic-audit analyze {out} --out NEW" in lines[0] and f"critic-audit plot {out}" in lines[0]
+    res = runner.invoke(app, ["analyze", str(out), "--out", str(tmp_path / "again"), "--no-plots", "--bootstrap", "20"])
+    assert res.exit_code == 0, res.output  # the advice works
+
+    d = json.loads(summary.read_text())
+    old = tmp_path / "old" / "summary.json"  # the previous release: no summary_version
+    old.parent.mkdir()
+    old.write_text(json.dumps({k: v for k, v in d.items() if k != "summary_version"}))
+    cmp_ = tmp_path / "cmp" / "summary.json"
+    cmp_.parent.mkdir()
+    cmp_.write_text(json.dumps({"critics": ["a", "b"], "n_trajectories": 6, "per_critic": {}}))
+    for p in (old, cmp_):
+        with pytest.raises(InputError, match="critic-audit's own summary.json") as e:
+            read_inputs([p])
+        assert f"critic-audit plot {p.parent}" in str(e.value)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"n_trajectories": 6, "eta2_median": 0.1}))  # some, not all, keys
+    with pytest.raises(InputError, match="unknown format") as e:
+        read_inputs([other])
+    assert "--messages-key" in str(e.value)
+    folder = tmp_path / "old"
+    (folder / "r.jsonl").write_text(src.read_text())
+    rep = ReadReport()
+    assert len(read_inputs([folder], report=rep)) == 6 and rep.skipped_files == {"not_rollout_file": 1}
+    with pytest.raises(InputError, match="unknown format") as e:
+        read_inputs([old], ReadOptions(format="chat"))

@@ -37,6 +37,7 @@ from critic_audit.io.records import (
 )
 from critic_audit.io.sniff import is_responses_record
 from critic_audit.schema import Conversation
+from critic_audit.summary import is_summary
 
 __all__ = ["format_readers", "FileSpec", "ResolvedInput", "resolve_inputs", "detect_file", "detect_format", "read_conversations",
            "iter_conversations", "qualify_ids", "CONVERSATION_FORMATS", "TABLE_FORMATS", "is_table_format"]
@@ -459,7 +460,13 @@ def _file_format(f: Path, opts: ReadOptions, *, explicit: bool) -> str | None:
     if opts.format == "auto":
         fmt = detect_file(f, opts)
         if fmt is None and explicit:  # read it anyway, so that its reader names the problem
-            return "responses" if is_responses_record(first_record(f)) else "chat"
+            rec = first_record(f)
+            if f.suffix.lower() not in JSONL_SUFFIXES and is_summary(rec):
+                folder = f.parent
+                raise InputError("this is critic-audit's own summary.json (the result of an audit), not rollouts",
+                                 path=f, fix=f"pass the folder that holds it (critic-audit analyze {folder} --out NEW) "
+                                             f"or re-render its report with critic-audit plot {folder}")
+            return "responses" if is_responses_record(rec) else "chat"
         return fmt
     forced = FORMATS[opts.format]
     if f.name.lower().endswith(".parquet") and forced.name == "tokenized":
