@@ -750,6 +750,7 @@ def check(
     dtype: DtypeOpt = Dtype.AUTO,
     token_budget: TokenBudget = 16384,
     trust_remote_code: TrustRemoteCode = False,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read pickle policy weights (pytorch_model*.bin) with torch.load(weights_only=True).")] = False,
     *,
     read_opts: Any,
 ) -> None:
@@ -767,7 +768,7 @@ def check(
     report = check_rollouts(inputs, cfg, read_options=read_opts,
                             tokenizer=tokenizer, chat_template=_read_template(chat_template), policy=policy,
                             device=device, dtype=dtype, token_budget=token_budget,
-                            trust_remote_code=trust_remote_code)
+                            trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
     if report_out is not None:
         write_report(report, report_out, overwrite=overwrite)
     skipped, files = report.input.get("skipped") or {}, report.input.get("skipped_files") or {}

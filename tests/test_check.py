@@ -660,6 +660,124 @@ def test_policy_errors_are_one_line(tmp_path):
     assert res.exit_code == 1 and "no such tokenizer folder" in res.output
 
 
+def _policy_without(tmp_path, name, drop=(), *, tie=None, reshape=None):
+    """A tiny Llama causal LM (conftest's, untied) saved with the weights ``drop`` removed from its
+    safetensors, ``tie_word_embeddings`` set to ``tie`` (when given) and ``reshape`` (name -> shape)
+    weights replaced by zeros of another shape."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from conftest import make_critic_dir
+
+    pol = make_critic_dir(tmp_path / name, with_head=False)
+    state = load_file(pol / "model.safetensors")
+    for k in drop:
+        del state[k]
+    for k, shape in (reshape or {}).items():
+        state[k] = torch.zeros(shape)
+    save_file(state, pol / "model.safetensors", metadata={"format": "pt"})
+    if tie is not None:
+        cfg = json.loads((pol / "config.json").read_text())
+        (pol / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": tie}))
+    return pol
+
+
+def _one_line(res):
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 1 and len(lines) == 1, res.output
+    return lines[0]
+
+
+def test_policy_missing_weights_are_refused_not_randomly_initialised(tmp_path):
+    """--policy on a folder without lm_head (tie_word_embeddings false): from_pretrained would fill it
+    with random weights and score garbage; it is one ConfigError line naming the folder, the weight
+    and a fix. Several missing: the first three and the count; another shape: named too."""
+    from critic_audit.check.policy import load_policy
+    from critic_audit.errors import ConfigError
+
+    rows = write_jsonl(tmp_path / "r.jsonl", [row("a", [0, 1, 1], ids=[1, 40, 41], rollout_log_probs=[None, -1.0, -1.0])])
+    pol = _policy_without(tmp_path, "nohead", ["lm_head.weight"])
+    line = _one_line(runner.invoke(app, ["check", str(rows), "--tokenizer", str(pol), "--policy", str(pol),
+                                         "--device", "cpu"]))
+    assert str(pol) in line and "1 weight(s) of the policy are missing from the checkpoint" in line
+    assert "randomly initialised: lm_head.weight (fix: pass the complete checkpoint" in line
+    with pytest.raises(ConfigError, match="lm_head.weight"):
+        load_policy(pol, device="cpu", dtype="float32")
+
+    layer = [f"model.layers.1.{k}.weight" for k in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "self_attn.k_proj",
+                                                    "self_attn.o_proj")]
+    pol = _policy_without(tmp_path, "nolayer", layer)
+    with pytest.raises(ConfigError) as e:
+        load_policy(pol, device="cpu", dtype="float32")
+    assert "5 weight(s)" in str(e.value) and ", ".join(sorted(layer)[:3]) + ", ... (2 more)" in str(e.value)
+
+    pol = _policy_without(tmp_path, "shape", reshape={"lm_head.weight": (7, 32)})
+    with pytest.raises(ConfigError) as e:
+        load_policy(pol, device="cpu", dtype="float32")
+    assert "of another shape than config.json's and would be randomly initialised: lm_head.weight" in str(e.value)
+
+
+def test_policy_head_tied_to_the_embeddings_loads(tmp_path):
+    """No lm_head in the file but tie_word_embeddings true: transformers ties it to the embeddings, no
+    weight is new, and the log-probs are the tied model's (head = embedding matrix)."""
+    import torch
+
+    from critic_audit.check.policy import load_policy, policy_log_probs
+
+    pol = _policy_without(tmp_path, "tied", ["lm_head.weight"], tie=True)
+    m, _, dev = load_policy(pol, device="cpu", dtype="float32")
+    emb = m.get_input_embeddings().weight
+    assert torch.equal(m.get_output_embeddings().weight, emb)
+    seq = np.array([1, 40, 41, 42, 2, 50])
+    with torch.no_grad():
+        h = m.model(torch.as_tensor(seq)[None]).last_hidden_state[0]
+        ref = torch.log_softmax((h @ emb.T).double(), -1)[:-1].gather(1, torch.as_tensor(seq[1:])[:, None])[:, 0]
+    got = policy_log_probs(m, dev, [seq], token_budget=8)[0]
+    np.testing.assert_allclose(got[1:], ref.numpy(), rtol=0, atol=1e-5)
+
+
+def test_policy_pickle_weights_need_allow_pickle(tmp_path):
+    """A pickle-only policy folder (pytorch_model.bin) is refused as analyze refuses a pickle critic
+    (the same line and fix, naming --allow-pickle), before the input is read; --allow-pickle reads it
+    and gives the same log-probs as the safetensors folder it came from."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from conftest import make_critic_dir
+    from critic_audit.check.policy import load_policy, policy_log_probs
+    from critic_audit.critic import load_critic
+    from critic_audit.errors import CheckpointError
+
+    safe = make_critic_dir(tmp_path / "safe", with_head=False)
+    pk = tmp_path / "pickled"
+    shutil.copytree(safe, pk)
+    torch.save(load_file(pk / "model.safetensors"), pk / "pytorch_model.bin")
+    (pk / "model.safetensors").unlink()
+    rows = write_jsonl(tmp_path / "r.jsonl", [row("a", [0, 1, 1, 1], ids=[1, 40, 41, 42],
+                                                  rollout_log_probs=[None, -1.0, -1.0, -1.0])])
+    with pytest.raises(CheckpointError) as by_check:
+        load_policy(pk, device="cpu")
+    with pytest.raises(CheckpointError) as by_critic:
+        load_critic(pk, device="cpu")
+    assert (by_check.value.problem, by_check.value.fix) == (by_critic.value.problem, by_critic.value.fix)
+    assert "--allow-pickle" in by_check.value.fix and "weights_only=True" in by_check.value.fix
+    line = _one_line(runner.invoke(app, ["check", str(tmp_path / "nowhere.jsonl"), "--policy", str(pk), "--device", "cpu"]))
+    assert str(pk) in line and "only pickle weights (pytorch_model.bin)" in line and "--allow-pickle" in line
+    res = runner.invoke(app, ["check", str(rows), "--policy", str(pk), "--device", "cpu", "--allow-pickle", "--json"])
+    assert res.exit_code in (0, 3), res.output
+    assert any("recomputed with --policy" in n for n in json.loads(res.stdout)["notes"])
+    seq = np.array([1, 40, 41, 42, 2, 50])
+    lps = []
+    for d in (pk, safe):
+        model, _, dev = load_policy(d, device="cpu", dtype="float32", allow_pickle=True)
+        lps.append(policy_log_probs(model, dev, [seq])[0])
+    np.testing.assert_array_equal(lps[0], lps[1])
+    res = runner.invoke(app, ["check", str(rows), "--policy", str(safe), "--device", "cpu", "--json"])
+    assert res.exit_code in (0, 3), res.output  # safetensors folders need no flag
+
+
 def test_conversations_with_a_tokenizer_get_lengths_not_mask_checks(tokenizer, tmp_path):
     """For conversations the tokenizer renders ids and a mask (as analyze does): the length checks use
     them; the mask / separator checks would test the template against itself and skip."""

@@ -38,6 +38,7 @@ def check_rollouts(
     dtype: str = "auto",
     token_budget: int = 16384,
     trust_remote_code: bool = False,
+    allow_pickle: bool = False,
 ) -> CheckReport:
     """Read ``inputs`` (every format ``analyze`` reads) and run every check.
 
@@ -51,14 +52,23 @@ def check_rollouts(
         chat_template: a Jinja template replacing the tokenizer's.
         policy: a causal-LM checkpoint: the trainer-side log-probs are recomputed with it.
         device, dtype, token_budget, trust_remote_code: how the policy runs.
+        allow_pickle: read pickle policy weights (``pytorch_model.bin``) with
+            ``torch.load(weights_only=True)`` (the CLI's ``--allow-pickle``); refused otherwise.
 
     Raises:
-        InputError, SchemaError: unreadable input, or no rollout to check. CheckpointError: a bad tokenizer / policy folder.
+        InputError, SchemaError: unreadable input, or no rollout to check. CheckpointError: a bad tokenizer / policy folder
+            (pickle-only weights without ``allow_pickle``: refused before the input is read).
+        ConfigError: a policy that lacks weights (they would be randomly initialised), or whose
+            vocabulary or context does not fit the rollouts.
         TemplateError: a chat template that cannot render the conversations.
     """
     from critic_audit.io.records import ReadReport
     from critic_audit.turns import TokenizeConfig
 
+    if policy is not None and not allow_pickle:  # before reading the input, not after
+        from critic_audit.critic.checkpoint import refuse_pickle_only
+
+        refuse_pickle_only(Path(policy))
     tok = None
     tok_path = tokenizer if tokenizer is not None else policy
     if tok_path is not None:
@@ -80,7 +90,7 @@ def check_rollouts(
         from critic_audit.check.policy import apply_policy
 
         notes.append(apply_policy(rollouts, policy, device=device, dtype=dtype, token_budget=token_budget,
-                                  trust_remote_code=trust_remote_code))
+                                  trust_remote_code=trust_remote_code, allow_pickle=allow_pickle))
     res = run_checks(rollouts, config, tokenizer=tok, chat_template=chat_template, notes=notes)
     res.config.update(inputs=[str(p) for p in inputs], formats=dict(report.formats),
                       tokenizer=None if tok_path is None else str(tok_path),

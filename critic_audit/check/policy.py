@@ -17,28 +17,53 @@ import numpy as np
 __all__ = ["load_policy", "policy_log_probs", "apply_policy"]
 
 
-def load_policy(path: str | Path, *, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False):
+def load_policy(path: str | Path, *, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
+                allow_pickle: bool = False):
     """A Hugging Face causal LM folder -> ``(model, tokenizer, device)`` in eval mode.
 
+    Every weight comes from the checkpoint: a model that ``from_pretrained`` would complete with
+    randomly initialised weights (a missing ``lm_head`` with ``tie_word_embeddings`` false, a missing
+    layer, a weight of another shape) is refused, never scored; a head that transformers ties to the
+    embeddings is fine. Pickle weights (``pytorch_model.bin``) are read only with ``allow_pickle``
+    (with ``torch.load(weights_only=True)``), as the critic's (``analyze --allow-pickle``).
+
     Raises:
-        CheckpointError: no model config, or the folder holds no causal-LM weights.
-        ConfigError: a bad device or dtype.
+        CheckpointError: no model config, the folder holds no causal-LM weights, or only pickle
+            weights without ``allow_pickle``.
+        ConfigError: a bad device or dtype, or weights the checkpoint lacks (or holds in another
+            shape), which would be randomly initialised (the message names the first few and counts).
     """
+    from critic_audit.critic.checkpoint import new_weights, refuse_pickle_only
     from critic_audit.critic.load import load_tokenizer, quiet_transformers, read_config, resolve_device, resolve_dtype
-    from critic_audit.errors import CheckpointError
+    from critic_audit.errors import CheckpointError, ConfigError
 
     p = Path(path)
     read_config(p, trust_remote_code=trust_remote_code)
+    if not allow_pickle:
+        refuse_pickle_only(p)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     from transformers import AutoModelForCausalLM
 
     try:
         with quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(p, torch_dtype=dt, trust_remote_code=trust_remote_code)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                p, torch_dtype=dt, trust_remote_code=trust_remote_code, output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported in info, and refused below
+                use_safetensors=None if allow_pickle else True, weights_only=True)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot load a causal LM ({str(e).splitlines()[0]})", path=p,
                               fix="pass the policy checkpoint folder (config.json + weights of a causal LM)") from None
+    missing, mismatched = new_weights(info)
+    if missing or mismatched:
+        what = missing + mismatched
+        kinds = " or ".join(k for k, v in (("missing from the checkpoint", missing),
+                                           ("of another shape than config.json's", mismatched)) if v)
+        more = f", ... ({len(what) - 3} more)" if len(what) > 3 else ""
+        raise ConfigError(f"{len(what)} weight(s) of the policy are {kinds} and would be randomly initialised: "
+                          f"{', '.join(what[:3])}{more}", path=p,
+                          fix="pass the complete checkpoint (save_pretrained of the policy, lm_head included; a head "
+                              "shared with the embeddings needs tie_word_embeddings true in config.json)")
     model.to(dev).eval()
     return model, load_tokenizer(p, trust_remote_code=trust_remote_code), dev
 
@@ -73,7 +98,7 @@ def policy_log_probs(model: Any, device: Any, sequences: Sequence[np.ndarray], *
 
 
 def apply_policy(rollouts: Sequence[Any], path: str | Path, *, device: str = "auto", dtype: str = "auto",
-                 token_budget: int = 16384, trust_remote_code: bool = False) -> str:
+                 token_budget: int = 16384, trust_remote_code: bool = False, allow_pickle: bool = False) -> str:
     """Replace each rollout's ``trainer_log_probs`` by the policy's (rollouts with token ids only).
 
     Returns:
@@ -86,7 +111,8 @@ def apply_policy(rollouts: Sequence[Any], path: str | Path, *, device: str = "au
     """
     from critic_audit.errors import ConfigError
 
-    model, tok, dev = load_policy(path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    model, tok, dev = load_policy(path, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                                  allow_pickle=allow_pickle)
     todo = [r for r in rollouts if r.token_ids is not None and len(r.token_ids) >= 2]
     vocab = int(model.get_input_embeddings().num_embeddings)
     bad = next((r for r in todo if r.token_ids.min() < 0 or r.token_ids.max() >= vocab), None)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from critic_audit.errors import CheckpointError
 
-__all__ = ["FIT_FIX", "quiet_transformers", "read_config", "weight_files"]
+__all__ = ["FIT_FIX", "quiet_transformers", "read_config", "weight_files", "refuse_pickle_only", "new_weights"]
 
 FIT_FIX = "fit one with `critic-audit fit-critic`, or point to a token-classification checkpoint"
 
@@ -85,6 +86,22 @@ def weight_files(path: Path) -> list[Path]:
     others = sorted(path.glob("*.safetensors"))
     if others:
         return others
+    refuse_pickle_only(path)
+    raise CheckpointError("no weights (*.safetensors) in the folder", path=path, fix=FIT_FIX)
+
+
+def refuse_pickle_only(path: Path) -> None:
+    """Refuse a folder whose only weights are pickle files (``*.bin``, ``*.pt``; no ``*.safetensors``
+    and no safetensors index): what :func:`weight_files` says of it, for loaders that read a folder
+    in another way (``check --policy`` through ``from_pretrained``). Returns when the folder holds
+    safetensors weights or no weights at all.
+
+    Raises:
+        CheckpointError: pickle weights only; the fix names ``--allow-pickle``.
+    """
+    path = Path(path)
+    if (path / "model.safetensors.index.json").is_file() or any(path.glob("*.safetensors")):
+        return
     pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
     if pickles:
         raise CheckpointError(
@@ -94,4 +111,14 @@ def weight_files(path: Path) -> list[Path]:
             fix="pass --allow-pickle (allow_pickle=True) to read them with torch.load(weights_only=True), or "
                 "convert them to safetensors with save_pretrained(..., safe_serialization=True)",
         )
-    raise CheckpointError("no weights (*.safetensors) in the folder", path=path, fix=FIT_FIX)
+
+
+def new_weights(info: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The weights a ``from_pretrained(..., output_loading_info=True)`` call left randomly initialised:
+    ``(missing, mismatched)``, each sorted: names missing from the checkpoint (rotary buffers left out;
+    a head that transformers ties to the embeddings is not missing), and names whose shape in the
+    checkpoint differs from the model's (reported with ``ignore_mismatched_sizes=True``). Loaders
+    refuse a model with any (never a silent random init)."""
+    missing = sorted(str(k) for k in info.get("missing_keys") or () if "rotary" not in str(k))
+    mismatched = sorted(str(m[0] if isinstance(m, tuple) else m) for m in info.get("mismatched_keys") or ())
+    return missing, mismatched

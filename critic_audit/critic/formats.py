@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from critic_audit.critic.checkpoint import quiet_transformers, read_config, weight_files
+from critic_audit.critic.checkpoint import new_weights, quiet_transformers, read_config, weight_files
 from critic_audit.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -152,12 +152,11 @@ def backbone_from_state_dict(config: Any, state: dict[str, torch.Tensor], dtype:
             model, info = cls.from_pretrained(None, config=config, state_dict=state, dtype=dtype, output_loading_info=True)
     except (ValueError, RuntimeError) as exc:
         raise CheckpointError(f"the weights do not fit the config ({str(exc).splitlines()[0]})", path=where) from exc
-    missing = [k for k in info.get("missing_keys", []) if "rotary" not in k]
-    mismatched = info.get("mismatched_keys") or []
+    missing, mismatched = new_weights(info)
     if missing or mismatched:
-        what = missing or [m[0] if isinstance(m, tuple) else m for m in mismatched]
+        what = missing or mismatched
         raise CheckpointError(
-            f"{len(what)} backbone weight(s) missing or of the wrong shape (e.g. {', '.join(sorted(what)[:3])})",
+            f"{len(what)} backbone weight(s) missing or of the wrong shape (e.g. {', '.join(what[:3])})",
             path=where,
         )
     return model
