@@ -309,3 +309,20 @@ def test_vllm_backend_is_guarded(ref):
     assert not vllm_available()
     with pytest.raises(ConfigError, match="vllm"):
         make_vllm_critic(ref[0])
+
+
+def test_token_classification_folder_missing_backbone_weights_is_an_error(tmp_path):
+    """A Hugging Face token-classification critic whose file lacks a layer is refused, never loaded
+    with that layer randomly initialised (its score head present)."""
+    from safetensors.torch import load_file, save_file
+
+    from conftest import make_critic_dir
+
+    d = make_critic_dir(tmp_path / "critic")
+    full = load_file(d / "model.safetensors")
+    assert any(".layers.1." in k for k in full) and "score.weight" in full
+    load_critic(d, device="cpu")  # the complete folder loads
+    save_file({k: v for k, v in full.items() if ".layers.1." not in k}, d / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"backbone weight\(s\) missing .*layers\.1\..*randomly initialised"):
+        load_critic(d, device="cpu")

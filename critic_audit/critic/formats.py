@@ -403,11 +403,18 @@ def _token_classification_backbone(path: Path, config: Any, dtype: torch.dtype, 
     config.num_labels = 1
     try:
         with quiet():
-            model = AutoModelForTokenClassification.from_pretrained(
-                path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
+            model, info = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
     except ValueError as exc:  # e.g. an architecture without a token-classification class
         raise CheckpointError(
             f"cannot build a token-classification model ({str(exc).splitlines()[0]})", path=path, fix=FIT_FIX) from exc
+    # the head is read on its own (checkpoint or side file); a backbone weight left out would be random
+    missing, mismatched = new_weights(info)
+    what = [k for k in missing or mismatched if not _is_head_key(k) and not k.startswith("classifier.")]
+    if what:
+        raise CheckpointError(
+            f"{len(what)} backbone weight(s) missing or of the wrong shape (e.g. {', '.join(what[:3])}): "
+            "they would be randomly initialised", path=path, fix="point to the complete checkpoint folder")
     backbone = getattr(model, model.base_model_prefix, None)
     if backbone is None:
         raise CheckpointError(f"{type(model).__name__} has no base model attribute", path=path)
