@@ -152,14 +152,31 @@ def backbone_from_state_dict(config: Any, state: dict[str, torch.Tensor], dtype:
             model, info = cls.from_pretrained(None, config=config, state_dict=state, dtype=dtype, output_loading_info=True)
     except (ValueError, RuntimeError) as exc:
         raise CheckpointError(f"the weights do not fit the config ({str(exc).splitlines()[0]})", path=where) from exc
-    missing, mismatched = new_weights(info)
-    if missing or mismatched:
-        what = missing or mismatched
-        raise CheckpointError(
-            f"{len(what)} backbone weight(s) missing or of the wrong shape (e.g. {', '.join(what[:3])})",
-            path=where,
-        )
+    _refuse_new_weights(info, where)
     return model
+
+
+def _refuse_new_weights(info: dict[str, Any], where: Path | None, *, skip_heads: bool = False) -> None:
+    """Refuse a backbone that ``from_pretrained`` completed with random weights (:func:`new_weights`);
+    ``skip_heads``: the head is read on its own (checkpoint or side file), so head weights do not count.
+
+    Raises:
+        CheckpointError: names the first three weights and their count.
+    """
+    missing, mismatched = new_weights(info)
+    if not skip_heads:
+        what = missing or mismatched
+        if what:
+            raise CheckpointError(
+                f"{len(what)} backbone weight(s) missing or of the wrong shape (e.g. {', '.join(what[:3])})",
+                path=where,
+            )
+        return
+    what = [k for k in missing + mismatched if not _is_head_key(k) and not k.startswith("classifier.")]
+    if what:
+        raise CheckpointError(
+            f"{len(what)} backbone weight(s) missing or of the wrong shape (e.g. {', '.join(what[:3])}): "
+            "they would be randomly initialised", path=where, fix="point to the complete checkpoint folder")
 
 
 def _is_head_key(k: str) -> bool:
@@ -408,13 +425,7 @@ def _token_classification_backbone(path: Path, config: Any, dtype: torch.dtype, 
     except ValueError as exc:  # e.g. an architecture without a token-classification class
         raise CheckpointError(
             f"cannot build a token-classification model ({str(exc).splitlines()[0]})", path=path, fix=FIT_FIX) from exc
-    # the head is read on its own (checkpoint or side file); a backbone weight left out would be random
-    missing, mismatched = new_weights(info)
-    what = [k for k in missing or mismatched if not _is_head_key(k) and not k.startswith("classifier.")]
-    if what:
-        raise CheckpointError(
-            f"{len(what)} backbone weight(s) missing or of the wrong shape (e.g. {', '.join(what[:3])}): "
-            "they would be randomly initialised", path=path, fix="point to the complete checkpoint folder")
+    _refuse_new_weights(info, path, skip_heads=True)
     backbone = getattr(model, model.base_model_prefix, None)
     if backbone is None:
         raise CheckpointError(f"{type(model).__name__} has no base model attribute", path=path)
