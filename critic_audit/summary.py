@@ -328,14 +328,18 @@ _SINGLE_REQUIRED = ("n_trajectories", "n_included", "eta2_median", "recommendati
 _COMPARISON_REQUIRED = ("critics", "n_trajectories", "per_critic")
 
 
+def _required_keys(doc: Mapping[str, Any]) -> tuple[str, ...]:
+    """The keys every summary of ``doc``'s kind carries (a comparison's when it has ``critics``)."""
+    return _COMPARISON_REQUIRED if "critics" in doc else _SINGLE_REQUIRED
+
+
 def is_summary(doc: Any) -> bool:
     """``doc`` (a parsed JSON value) is a ``summary.json`` that ``analyze`` wrote: an object with
     ``summary_version``, or with every key :meth:`AuditSummary.from_json` requires (one critic's or a
     comparison's). What the readers use to name such a file given as rollouts; no key is validated."""
     if not isinstance(doc, Mapping):
         return False
-    required = _COMPARISON_REQUIRED if "critics" in doc else _SINGLE_REQUIRED
-    return "summary_version" in doc or all(k in doc for k in required)
+    return "summary_version" in doc or all(k in doc for k in _required_keys(doc))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,7 +455,7 @@ class AuditSummary(Part):
         if not isinstance(d, dict):
             raise SchemaError(f"a summary is a JSON object, not {type(d).__name__}", path=path,
                               fix="pass a summary.json written by critic-audit analyze")
-        required = _COMPARISON_REQUIRED if "critics" in d else _SINGLE_REQUIRED
+        required = _required_keys(d)
         missing = [k for k in required if k not in d]
         if missing:
             raise SchemaError(f"not a critic-audit summary: no {', '.join(missing)} key"
