@@ -478,10 +478,13 @@ def analyze(
                           keep_template_system=keep_template_system)
     acfg = AuditConfig(scope=scope, n_boot=bootstrap, seed=seed, group_by=tuple(group_by or ()))
     _refuse_repeated_critics(critic or [])
-    scoring = [ScoringConfig(critic=str(c), device=device, dtype=dtype, token_budget=token_budget,
-                             trust_remote_code=trust_remote_code, workers=workers, backend=backend,
-                             ray_address=ray_address, threads=threads, allow_pickle=allow_pickle)
-               for c in (critic or [])] or [ScoringConfig(allow_pickle=allow_pickle)]  # no critic: the run's options
+    # built with every scoring option whether or not a critic is given: a bad value (--workers 0) is a
+    # usage error (one line, exit 2) in both cases
+    given = ScoringConfig(device=device, dtype=dtype, token_budget=token_budget, trust_remote_code=trust_remote_code,
+                          workers=workers, backend=backend, ray_address=ray_address, threads=threads,
+                          allow_pickle=allow_pickle)
+    scoring = [dataclasses.replace(given, critic=str(c)) for c in (critic or [])] or [
+        ScoringConfig(allow_pickle=allow_pickle)]  # no critic: the run's options
     from critic_audit.critic.options import CacheOptions, cache_root_for
     from critic_audit.outputs import check_out_path, lock_folder
 

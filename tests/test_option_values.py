@@ -92,6 +92,15 @@ def test_the_lr_line_names_the_key_and_the_range():
     ([*FIT, "--lora-rank", "0"], "error: --lora-rank must be a whole number >= 1, got 0 (fix: use e.g. --lora-rank 16)"),
     ([*FIT, "--batch-tokens", "0"],
      "error: --batch-tokens must be a whole number >= 1, got 0 (fix: use e.g. --batch-tokens 4096)"),
+    # analyze's scoring options are checked with or without a critic (--workers 0 without one was exit 1)
+    (["analyze", "r.jsonl", "--out", "t", "--workers", "0"],
+     "error: --workers must be at least 1, got 0 (fix: use e.g. --workers 2)"),
+    (["analyze", "r.jsonl", "--out", "t", "--threads", "0"],
+     "error: --threads must be at least 1, got 0 (fix: use e.g. --threads 1)"),
+    (["analyze", "r.jsonl", "--out", "t", "--token-budget", "0"],
+     "error: --token-budget must be at least 1, got 0 (fix: use e.g. --token-budget 16384)"),
+    (["analyze", "r.jsonl", "--out", "t", "--ray-address", "auto"],
+     "error: --ray-address is for the ray backend (fix: add --backend ray)"),
 ])
 def test_bad_option_values_exit_2_with_one_line(tmp_path, monkeypatch, args, want):
     """Was exit 1 (README: exit 2 in every command)."""
