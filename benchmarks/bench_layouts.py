@@ -19,17 +19,25 @@ Every layout holds the same B rollouts of T tokens (seeded; :func:`bench_check.m
                   ``completion_mask``, ``completion_logprobs``; the reward on the last step): no values,
                   so ``analyze`` needs a critic and is not run
 
-Printed per layout, each figure from a fresh child process that first runs the same call on a 4-row
-file of the layout (imports and first-call caches are not timed), then the call ``--repeats`` times
-(medians, as bench_check.py times its calls after a warm-up): polars' read (``read_parquet`` /
-``read_ndjson``), measured in a process of its own just before and just after each call, and the
-call's wall time over their mean (``/read``; ``cpu/``: the same with CPU seconds of all threads) for
-``check_rollouts`` and for ``analyze`` (values given, ``plots=False``), the peak RSS of each call's
-process (``VmHWM``: warm-up and calls; ``ru_maxrss`` would count the bench's own RSS at the fork), the trajectory counts of check and analyze (they must agree) and how check's
-rows were read (``ReadReport.rows_read``: ``columnar`` is the fast path). Targets: check <= 3x read;
+Printed per layout and size, each figure from a fresh child process that first runs the same call
+on a 4-row file of the layout (imports and first-call caches are not timed), then the call
+``--repeats`` times (medians, as bench_check.py times its calls after a warm-up): polars' read
+(``read_parquet`` / ``read_ndjson``), measured in a process of its own just before and just after each
+call (read, check, read, analyze, read), and the call's wall time over the mean of the two reads
+around it (``/read``; ``cpu/``: the same with CPU seconds of all threads) for ``check_rollouts`` and
+for ``analyze`` (values given, ``plots=False``), ns per token of each call (wall), the peak RSS of
+each call's process (``VmHWM``: warm-up and calls; ``ru_maxrss`` would count the bench's own RSS at
+the fork), the trajectory counts of check and analyze (they must agree) and how check's rows were
+read (``ReadReport.rows_read``: ``columnar`` is the fast path). Targets: check <= 3x read;
 analyze <= 6x read and <= 1 GB.
 
-    python benchmarks/bench_layouts.py [--rows 1000] [--tokens 4096] [--layouts a,b] [--repeats 3] [--no-analyze]
+With several ``--rows`` sizes (the smaller files are the first rows of the largest: the same groups)
+it prints one table per size, with ns per token of each call, and then how cost grows with size: per
+layout, ns per token of the read, check and analyze at each size and the ratio largest / smallest
+(about 1: linear; a fixed cost shows as a higher figure at the smallest size), and the peak RSS.
+
+    python benchmarks/bench_layouts.py [--rows 250 1000 4000] [--tokens 4096] [--layouts a,b] [--repeats 3]
+                                       [--no-analyze] [--json figures.json]
 """
 
 from __future__ import annotations
@@ -194,52 +202,106 @@ def _child(mode: str, path: Path, out: Path, warm: Path, repeats: int) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _against_read(mode: str, path: Path, out: Path, warm: Path, repeats: int) -> dict:
-    """``mode``'s figures with its ratio to polars' read of the same file, each read in a fresh process
-    just before and just after it (the ratio to their mean: a shared machine's load changes slowly)."""
-    before = _child("read", path, out, warm, repeats)
-    got = _child(mode, path, out, warm, repeats)
-    after = _child("read", path, out, warm, repeats)
+def _ratios(got: dict, before: dict, after: dict) -> dict:
+    """``got``'s figures with its ratio to the mean of the two reads around it (wall and CPU)."""
     if "error" in got:
         return got
+    if "error" in before or "error" in after:
+        return {"error": f"read: {before.get('error') or after.get('error')}"}
     read, read_cpu = (before["wall"] + after["wall"]) / 2, (before["cpu"] + after["cpu"]) / 2
-    return {**got, "read": read, "ratio": got["wall"] / read, "cpu_ratio": got["cpu"] / read_cpu}
+    return {**got, "read": read, "read_cpu": read_cpu, "ratio": got["wall"] / read, "cpu_ratio": got["cpu"] / read_cpu}
+
+
+def measure(layout: str, d: dict, small: dict, repeats: int, analyze: bool) -> dict:
+    """Write ``layout`` of the arrays ``d`` and time check and analyze on it, each between two reads of
+    polars in a process of their own (read, check, read, analyze, read: a shared machine's load changes
+    slowly): ``{"mb", "check": {...}, "analyze": {...}}``, each with ``wall`` / ``cpu`` (median seconds),
+    ``rss_mb``, ``n`` and its ratios to the reads (``ratio``, ``cpu_ratio``), or ``error``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "warm").mkdir()
+        warm = write_layout(small, layout, Path(tmp) / "warm")
+        path = write_layout(d, layout, Path(tmp))
+        out = {"mb": path.stat().st_size / 2**20}
+        r0 = _child("read", path, Path(tmp) / "unused", warm, repeats)
+        c = _child("check", path, Path(tmp) / "unused", warm, repeats)
+        r1 = _child("read", path, Path(tmp) / "unused", warm, repeats)
+        out["check"] = _ratios(c, r0, r1)
+        if layout == "step_rows":
+            out["analyze"] = {"error": "n/a: no values"}
+        elif not analyze:
+            out["analyze"] = {"error": "not run"}
+        else:
+            a = _child("analyze", path, Path(tmp) / "audit", warm, repeats)
+            r2 = _child("read", path, Path(tmp) / "unused", warm, repeats)
+            out["analyze"] = _ratios(a, r1, r2)
+        return out
+
+
+def _row(layout: str, m: dict, tokens: int) -> str:
+    """One line of the per-size table."""
+    c, a = m["check"], m["analyze"]
+    line = f"{layout:15s} {m['mb']:5.0f} {c.get('read', float('nan')):6.3f} "
+    for r in (c, a):
+        line += (f"{r['wall']:7.2f} {r['ratio']:6.2f} {r['cpu_ratio']:5.2f} {1e9 * r['wall'] / tokens:6.0f} "
+                 f"{r['rss_mb']:6.0f}  " if "error" not in r else f"{r['error'][:34]:>34s}  ")
+    return line + f"{c.get('n', '-')!s:>6s} {a.get('n', '-')!s:>6s}  {c.get('fast')}"
+
+
+def _growth(results: dict, layouts: list[str], sizes: list[int], tokens: int) -> None:
+    """How cost grows with size: per layout, ns per token of check and analyze (wall; CPU of all threads)
+    at each size and their ratio largest / smallest (1.0: linear; above: superlinear), and the peak RSS."""
+    lo, hi = sizes[0], sizes[-1]
+    print(f"\nhow cost grows with size ({lo} -> {hi} rows): ns/token wall (CPU) at each size, largest / smallest; "
+          "peak RSS MB")
+    for layout in layouts:
+        parts = []
+        for kind in ("read", "check", "analyze"):
+            src = "check" if kind == "read" else kind
+            got = [results[(layout, b)][src] for b in sizes]
+            if any("error" in g for g in got):
+                continue
+            w = [1e9 * (g["read"] if kind == "read" else g["wall"]) / (b * tokens) for g, b in zip(got, sizes)]
+            cpu = [1e9 * (g["read_cpu"] if kind == "read" else g["cpu"]) / (b * tokens) for g, b in zip(got, sizes)]
+            rss = "" if kind == "read" else " RSS " + "/".join(f"{g['rss_mb']:.0f}" for g in got)
+            parts.append(f"{kind} " + "/".join(f"{x:.0f}" for x in w) + f" ({'/'.join(f'{x:.0f}' for x in cpu)}) "
+                         f"x{w[-1] / w[0]:.2f} (x{cpu[-1] / cpu[0]:.2f}){rss}")
+        print(f"{layout:15s} " + "; ".join(parts))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=1000)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1000], help="rows per file; several: one table per size")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--repeats", type=int, default=3, help="calls per child process (median)")
     ap.add_argument("--no-analyze", action="store_true")
+    ap.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = ap.parse_args()
     layouts = [x for x in args.layouts.split(",") if x]
     unknown = [x for x in layouts if x not in LAYOUTS]
     if unknown:
         raise SystemExit(f"unknown layout(s) {unknown}; choose from {list(LAYOUTS)}")
-    d = make_arrays(args.rows, args.tokens)
-    small = {k: v[:4] for k, v in d.items()}
-    print(f"{args.rows} rows x {args.tokens} tokens = {args.rows * args.tokens / 1e6:.1f}M tokens per layout")
-    print(f"{'layout':15s} {'MB':>5s} {'read s':>6s} {'check s':>7s} {'/read':>6s} {'cpu/':>5s} {'RSS MB':>6s}  "
-          f"{'analyze s':>7s} {'/read':>6s} {'cpu/':>5s} {'RSS MB':>6s}  {'n chk':>6s} {'n ana':>6s}  rows read")
-    for layout in layouts:
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "warm").mkdir()
-            warm = write_layout(small, layout, Path(tmp) / "warm")
-            path = write_layout(d, layout, Path(tmp))
-            mb = path.stat().st_size / 2**20
-            c = _against_read("check", path, Path(tmp) / "unused", warm, args.repeats)
-            a = {"error": "n/a: no values"} if layout == "step_rows" else \
-                {"error": "not run"} if args.no_analyze else _against_read("analyze", path, Path(tmp) / "audit", warm, args.repeats)
-            line = f"{layout:15s} {mb:5.0f} {c.get('read', float('nan')):6.3f} "
-            for r in (c, a):
-                line += (f"{r['wall']:7.2f} {r['ratio']:6.2f} {r['cpu_ratio']:5.2f} {r['rss_mb']:6.0f}  "
-                         if "error" not in r else f"{r['error'][:60]:>28s}  ")
-            line += f"{c.get('n', '-')!s:>6s} {a.get('n', '-')!s:>6s}  {c.get('fast')}"
-            print(line, flush=True)
-            if c.get("skipped"):
-                print(f"{'':15s} check skipped: {', '.join(c['skipped'])}")
+    sizes = sorted(set(args.rows))
+    full = make_arrays(sizes[-1], args.tokens)  # the smaller files are its first rows (same groups of 8)
+    small = {k: v[:4] for k, v in full.items()}
+    results: dict = {}
+    for rows in sizes:
+        d = {k: v[:rows] for k, v in full.items()}
+        tokens = rows * args.tokens
+        print(f"\n{rows} rows x {args.tokens} tokens = {tokens / 1e6:.1f}M tokens per layout")
+        print(f"{'layout':15s} {'MB':>5s} {'read s':>6s} {'check s':>7s} {'/read':>6s} {'cpu/':>5s} {'ns/tok':>6s} "
+              f"{'RSS MB':>6s}  {'analyze s':>7s} {'/read':>6s} {'cpu/':>5s} {'ns/tok':>6s} {'RSS MB':>6s}  "
+              f"{'n chk':>6s} {'n ana':>6s}  rows read")
+        for layout in layouts:
+            m = results[(layout, rows)] = measure(layout, d, small, args.repeats, not args.no_analyze)
+            print(_row(layout, m, tokens), flush=True)
+            if m["check"].get("skipped") and rows == sizes[0]:
+                print(f"{'':15s} check skipped: {', '.join(m['check']['skipped'])}")
+    if len(sizes) > 1:
+        _growth(results, layouts, sizes, args.tokens)
+    if args.json:
+        args.json.write_text(json.dumps([{"layout": k[0], "rows": k[1], "tokens": k[1] * args.tokens, **v}
+                                         for k, v in results.items()], indent=1) + "\n")
 
 
 if __name__ == "__main__":
