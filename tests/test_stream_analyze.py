@@ -324,14 +324,24 @@ def test_analyze_of_tokenized_rows_without_plots_imports_no_plotting_pandas_or_t
     assert pl.read_parquet(tmp_path / "out_rows.parquet" / "traces.parquet").height
 
 
-def test_keep_tokens_of_tokenized_rows_read_leniently_leaves_the_skipped_row_out(tmp_path):
+def test_keep_tokens_of_tokenized_rows_read_leniently_leaves_the_skipped_row_out(tmp_path, monkeypatch):
     """--lenient --keep-tokens on tokenized rows holding a non-finite value: the row is skipped and
     counted once, and tokens.parquet holds the other rows (the copy was converted strictly: it raised
-    on the row the audit had skipped)."""
+    on the row the audit had skipped). The rows are converted once: tokens.parquet is written as the
+    audit converts them (was: converted a second time for the copy)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    import critic_audit.io.tokenized as T
     from critic_audit.io.records import ReadOptions
+
+    calls, chunks = [], T.iter_table_chunks
+
+    def counted(spec, *a, **k):
+        calls.append(spec.path)
+        return chunks(spec, *a, **k)
+
+    monkeypatch.setattr(T, "iter_table_chunks", counted)
 
     rows = [{"trajectory_id": f"r{i}", "uid": f"g{i // 2}", "input_ids": [1, 2, 3, 4], "response_mask": [0, 1, 1, 1],
              "values": [0.0, 0.1 * i, float("nan") if i == 2 else 0.2, 0.3], "reward": float(i % 2)} for i in range(6)]
@@ -343,6 +353,8 @@ def test_keep_tokens_of_tokenized_rows_read_leniently_leaves_the_skipped_row_out
     tokens = pl.read_parquet(tmp_path / "o" / "tokens.parquet")
     assert tokens["trajectory_id"].unique(maintain_order=True).to_list() == ["r0", "r1", "r3", "r4", "r5"]
     assert tokens.height == 5 * 4
+    assert tokens.filter(pl.col("trajectory_id") == "r3")["value"].to_list() == pytest.approx([0.0, 0.3, 0.2, 0.3])
+    assert calls == [tmp_path / "rows.parquet"]  # converted once, for the audit and the copy together
 
 
 def test_read_ahead_keeps_the_order_and_raises_where_the_item_was():

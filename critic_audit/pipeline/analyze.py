@@ -593,7 +593,8 @@ def _try_stream(inputs: Sequence[str | Path], out_dir: Path, scorings: list[Scor
         return None
     check_side_summaries(list(dict.fromkeys(x.input for x in parts)), lenient=read_options.lenient, report=plan_report)
     _, _, _, truncation, carried = _table_parts([(p, None, None, {}) for p in dict.fromkeys(x.input for x in parts)])
-    run = S.run_stream(parts, audit_config, truncation=truncation, options=read_options, report=plan_report)
+    run = S.run_stream(parts, audit_config, truncation=truncation, options=read_options, report=plan_report,
+                       keep_tokens=keep_tokens)
     plan_report.records_read = run.result.per_trajectory.height  # as read_all counts table inputs
     run.result = run.result.with_summary(template_system=next((c["template_system"] for c in carried
                                                                 if c.get("template_system")), None))

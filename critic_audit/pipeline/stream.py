@@ -49,8 +49,9 @@ class StreamPart:
 
 @dataclasses.dataclass
 class StreamedAudit:
-    """A streamed audit: the result, the aggregates the plots and ``monitor`` read, the inputs' parts
-    and the options they were read with (``--keep-tokens`` converts tokenized rows again with them)."""
+    """A streamed audit: the result, the aggregates the plots and ``monitor`` read, the inputs' parts,
+    the options they were read with, and ``kept_tokens``: the canonical token rows of a tokenized-rows
+    part, written while it was converted (``--keep-tokens``: the rows are converted once), or None."""
 
     result: AuditResult
     turns: pl.DataFrame
@@ -59,6 +60,7 @@ class StreamedAudit:
     parts: list[StreamPart]
     pre_excluded: dict[str, str]
     options: ReadOptions = dataclasses.field(default_factory=ReadOptions)
+    kept_tokens: Path | None = None
 
 
 def stream_plan(inputs: Sequence[str | Path], options: ReadOptions,
@@ -156,26 +158,45 @@ TRACE_COLUMNS = {"trajectory_id": pl.String, "position": pl.Int32, "turn": pl.In
                  "value": pl.Float32}
 
 
+def _token_rows_arrow(tk: pl.DataFrame) -> Any:
+    """Canonical token rows as the Arrow table ``tokens.parquet`` holds (:data:`critic_audit.schema.TOKEN_SCHEMA`;
+    a column the rows lack is null)."""
+    from critic_audit.schema import TOKEN_SCHEMA
+
+    target = pl.DataFrame(schema=TOKEN_SCHEMA).to_arrow().schema
+    tk = tk.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in TOKEN_SCHEMA.items() if c not in tk.columns])
+    return tk.select(list(TOKEN_SCHEMA)).cast(TOKEN_SCHEMA).to_arrow().cast(target)  # type: ignore[arg-type]
+
+
 def _stream_rows(part: StreamPart, stream: AuditStream, options: ReadOptions, report: ReadReport,
-                 spill: Path) -> pl.DataFrame:
+                 spill: Path, keep: Path | None = None) -> pl.DataFrame:
     """Feed a tokenized-rows part to ``stream`` chunk by chunk (each chunk's trajectories registered
     before its tokens); returns its trajectories table. Each chunk's policy tokens
     (:data:`TRACE_COLUMNS`) are appended to the Arrow IPC file ``spill`` (LZ4: about 8 bytes a policy
     token), from which the value traces are taken once the traced trajectories are known
-    (:func:`_spilled_traces`): the rows are read and converted once."""
+    (:func:`_spilled_traces`), and with ``keep`` its canonical token rows to the Parquet file ``keep``
+    (``--keep-tokens``): the rows are read and converted once."""
+    import contextlib
+
     import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
 
     from critic_audit.io.tokenized import iter_table_chunks, sequences_to_tables
+    from critic_audit.schema import TOKEN_SCHEMA
 
     trajs, row0 = [], 0
     cols = token_columns(stream.scope)
     schema = pl.DataFrame(schema=TRACE_COLUMNS).to_arrow().schema
-    with ipc.new_file(spill, schema, options=ipc.IpcWriteOptions(compression="lz4")) as w:
+    with ipc.new_file(spill, schema, options=ipc.IpcWriteOptions(compression="lz4")) as w, \
+            (pq.ParquetWriter(keep, pl.DataFrame(schema=TOKEN_SCHEMA).to_arrow().schema) if keep is not None
+             else contextlib.nullcontext()) as kw:
         for tr, tk in iter_table_chunks(part.spec, options, report):
             k = stream.add_trajectories(tr["trajectory_id"].to_list(),
                                         tr["reward"].cast(pl.Float64).fill_null(np.nan).to_numpy())
             stream.add_tokens(tk.select(cols), part.tokens, row0, part=k)
             w.write_table(tk.filter(pl.col("response_mask")).select(list(TRACE_COLUMNS)).to_arrow().cast(schema))
+            if kw is not None:
+                kw.write_table(_token_rows_arrow(tk))
             row0 += tk.height
             trajs.append(tr)
     return pl.concat(trajs, how="vertical") if trajs else sequences_to_tables([])[0]
@@ -183,9 +204,12 @@ def _stream_rows(part: StreamPart, stream: AuditStream, options: ReadOptions, re
 
 def run_stream(parts: list[StreamPart], config: AuditConfig, *, batch_rows: int = 1 << 20,
                truncation: Truncation | None = None, options: ReadOptions | None = None,
-               report: ReadReport | None = None) -> StreamedAudit:
+               report: ReadReport | None = None, keep_tokens: bool = False) -> StreamedAudit:
     """Audit ``parts`` streamed (module docstring): trajectories first, then every tokens file in
-    batches of ``batch_rows`` rows, then the summary and the value-trace tokens.
+    batches of ``batch_rows`` rows, then the summary and the value-trace tokens. ``keep_tokens``: a
+    tokenized-rows part also writes its canonical token rows as it converts them
+    (:attr:`StreamedAudit.kept_tokens`, a temporary file that :func:`write_stream_files` moves into the
+    folder; removed at exit otherwise).
 
     Raises:
         InputError, SchemaError: an unreadable file, a table that breaks its schema, token rows of a
@@ -198,12 +222,13 @@ def run_stream(parts: list[StreamPart], config: AuditConfig, *, batch_rows: int 
     if len(parts) == 1 and parts[0].spec is not None:  # one file of tokenized rows
         import tempfile
 
+        keep = _kept_tokens_file() if keep_tokens else None
         with tempfile.TemporaryDirectory(prefix="critic-audit-traces-") as tmp:
             spill = Path(tmp) / "policy_tokens.arrow"
             trajectories = _stream_rows(parts[0], stream, options or ReadOptions(),
-                                        report if report is not None else ReadReport(), spill)
+                                        report if report is not None else ReadReport(), spill, keep)
             run = _finish_stream(stream, trajectories, parts, config, {}, truncation, spill)
-            return dataclasses.replace(run, options=options or ReadOptions())
+            return dataclasses.replace(run, options=options or ReadOptions(), kept_tokens=keep)
     trajs, pre = [], {}
     for part in parts:
         tr, pr = _read_trajectories(part)
@@ -217,6 +242,17 @@ def run_stream(parts: list[StreamPart], config: AuditConfig, *, batch_rows: int 
     for rb, path, row0, k in read_ahead(batches):
         stream.add_tokens(rb, path, row0, part=k)
     return _finish_stream(stream, trajectories, parts, config, pre, truncation, None)
+
+
+def _kept_tokens_file() -> Path:
+    """A temporary ``tokens.parquet`` path for :attr:`StreamedAudit.kept_tokens` (its folder removed at exit)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="critic-audit-tokens-")
+    atexit.register(shutil.rmtree, folder, True)
+    return Path(folder) / "tokens.parquet"
 
 
 def read_ahead(items: Iterator[Any]) -> Iterator[Any]:
@@ -365,7 +401,10 @@ def _read(path: Path) -> pl.DataFrame:
 
 def write_stream_files(folder: Path, run: StreamedAudit, *, keep_tokens: bool) -> None:
     """The tables of a streamed audit folder (module docstring); ``keep_tokens``: also ``tokens.parquet``,
-    the canonical token rows of every part in reading order, copied batch by batch."""
+    the canonical token rows of every part in reading order: the rows a tokenized-rows part wrote as it
+    was converted (:attr:`StreamedAudit.kept_tokens`, moved in), else copied batch by batch."""
+    import shutil
+
     from critic_audit.io.common import write_parquet_atomic
 
     per = run.result.per_trajectory.rename({v: k for k, v in QUALITY_SUMS.items()})
@@ -373,31 +412,29 @@ def write_stream_files(folder: Path, run: StreamedAudit, *, keep_tokens: bool) -
     write_parquet_atomic(run.turns, folder / "turns.parquet")
     write_parquet_atomic(run.traces, folder / "traces.parquet")
     (folder / "steps.json").write_text(json.dumps(run.steps.as_dict()) + "\n")
-    if keep_tokens:
+    if keep_tokens and run.kept_tokens is not None and run.kept_tokens.exists():
+        shutil.move(run.kept_tokens, folder / "tokens.parquet")
+    elif keep_tokens:
         _copy_tokens(run.parts, folder / "tokens.parquet", run.options)
 
 
 def _copy_tokens(parts: list[StreamPart], out: Path, options: ReadOptions) -> None:
-    """The canonical token rows of ``parts`` into ``out``, batch by batch (tokenized rows converted
-    again with the ``options`` they were audited with: the rows ``--lenient`` skipped stay out)."""
-    import pyarrow as pa
+    """The canonical token rows of ``parts`` into ``out``, batch by batch (tokenized rows not kept by
+    :func:`run_stream` converted again with the ``options`` they were audited with: the rows
+    ``--lenient`` skipped stay out)."""
     import pyarrow.parquet as pq
 
+    from critic_audit.io.tokenized import iter_table_chunks
     from critic_audit.schema import TOKEN_SCHEMA
 
-    from critic_audit.io.tokenized import iter_table_chunks
-
-    target = pl.DataFrame(schema=TOKEN_SCHEMA).to_arrow().schema
-    with pq.ParquetWriter(out, target) as w:
+    with pq.ParquetWriter(out, pl.DataFrame(schema=TOKEN_SCHEMA).to_arrow().schema) as w:
         for part in parts:
             if part.spec is not None:
                 for _, tk in iter_table_chunks(part.spec, options, ReadReport()):
-                    w.write_table(tk.select(list(TOKEN_SCHEMA)).cast(TOKEN_SCHEMA).to_arrow().cast(target))  # type: ignore[arg-type]
+                    w.write_table(_token_rows_arrow(tk))
                 continue
             pf = pq.ParquetFile(part.tokens)
             for rb in pf.iter_batches(batch_size=1 << 20):
                 df = pl.from_arrow(rb)
                 assert isinstance(df, pl.DataFrame)
-                df = df.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in TOKEN_SCHEMA.items()
-                                      if c not in df.columns]).select(list(TOKEN_SCHEMA)).cast(TOKEN_SCHEMA)  # type: ignore[arg-type]
-                w.write_table(pa.Table.from_batches(df.to_arrow().to_batches(), schema=target))
+                w.write_table(_token_rows_arrow(df))
