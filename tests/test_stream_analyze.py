@@ -297,7 +297,9 @@ def test_analyze_of_tokenized_rows_without_plots_imports_no_plotting_pandas_or_t
     """A tokenized-rows file with values (Parquet with nulls off the mask, left padding, one row group;
     JSONL), audited without plots: neither matplotlib (the traced trajectories are picked by
     analysis.examples) nor pandas (the reader converts pyarrow arrays from their buffers: pyarrow's
-    to_numpy imports it) nor torch / transformers is imported."""
+    to_numpy imports it, as does pyarrow.compute.fill_null) nor torch / transformers is imported. The
+    JSONL holds a string column with a value spelled like a number ("7"), which the reader checks was a
+    JSON string (was: that check imported pandas, ~0.3 s)."""
     import os
     import subprocess
     import sys
@@ -310,8 +312,9 @@ def test_analyze_of_tokenized_rows_without_plots_imports_no_plotting_pandas_or_t
              "values": [None, None, 0.5 * i, 0.25, None, 1.0 - i], "reward": float(i % 2)} for i in range(6)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "values"}
-                                                            | {"values": [x or 0.0 for x in r["values"]]}) + "\n"
-                                                 for r in rows))
+                                                            | {"values": [x or 0.0 for x in r["values"]],
+                                                               "note": "7" if r["trajectory_id"] == "r3" else "x"})
+                                                 + "\n" for r in rows))
     code = ("import sys\nfrom critic_audit.pipeline import analyze\n"
             f"for f in ('rows.parquet', 'rows.jsonl'):\n"
             f"    r = analyze([{str(tmp_path)!r} + '/' + f], {str(tmp_path)!r} + '/out_' + f, scoring=None, plots=False)\n"

@@ -674,7 +674,8 @@ def _coerced_to_text(table: Any, data: bytes) -> bool:
             starts = np.concatenate([[0], np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10) + 1,
                                      [len(data) + 1]])
         key = re.compile(re.escape(json.dumps(f.name, ensure_ascii=False).encode()) + rb"\s*:\s*(.)")
-        for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False)):
+        # _np, not to_numpy (which imports pandas); no null here: a column with a null left above
+        for i in np.flatnonzero(_np(_one_chunk(hits))):
             m = key.search(data, int(starts[i]), int(starts[i + 1]) - 1)
             if m is None or m.group(1) != b'"':
                 return True
