@@ -76,6 +76,9 @@ def summary_table(s: AuditSummary) -> Table:
                   f"{long_['truncated']} truncated ({(tr.turns if tr else 0) or 0} later turns dropped), "
                   f"{long_['excluded']} excluded (no complete turn fits), {long_['dropped']} dropped")
     t.add_row("median eta2 (share of variance between turns)" + (f", {pooled}" if pooled else ""), fmt_ci(s.eta2_median))
+    k = s.eta2_median.n_clusters if s.eta2_median else None
+    if k is not None:  # groups / tasks of several trajectories: their trajectories are not independent
+        t.add_row("intervals resample", f"{k} clusters (whole groups / tasks), not trajectories")
     t.add_row("(a) fraction SS_B > SS_W", fmt_ci(s.frac_ss_between_gt_within))
     t.add_row("(b) fraction var(turn means) > mean within var", fmt_ci(s.frac_var_turn_means_gt_mean_within_var))
     t.add_row("(c) fraction F > 1", fmt_ci(s.frac_f_gt_1))

@@ -130,6 +130,13 @@ def _gate_lines(q: CriticQuality | None, title: str = "Quality gate") -> list[st
         lines.append(f"Passing needs at least {th.get('min_per_outcome')} trajectories of each outcome, a correlation "
                      f">= {th.get('min_corr')} with one-sided permutation p < {th.get('alpha')}, and an explained "
                      f"variance >= {th.get('min_explained_variance')} whose 95% interval lies above 0.")
+    if g.resampled == "clusters":
+        lines.append(f"The intervals resample whole clusters ({g.n_clusters} groups / tasks within source and "
+                     "checkpoint) and the permutation test permutes within and among clusters: the trajectories of "
+                     "one group are not independent evidence.")
+    elif g.resampled:
+        lines.append("The intervals resample trajectories within source and checkpoint (no group / task holds "
+                     "more than one), and the permutation test permutes their rewards.")
     for r in g.reasons:
         lines.append(f"- {md_escape(r)}")
     fo = q.fit_overlap
@@ -301,9 +308,23 @@ def _headline_lines(s: AuditSummary, rec: Recommendation, several: bool) -> list
         f"| mean boundary step / mean within-turn step | {_n(b.mean_boundary_over_mean_within_step, '.2f')} |",
         f"| MPO paper (arXiv:2610.35013) | median eta2 {ref.get('median_eta2')}, {100 * (ref.get('frac_ss_between_gt_within') or 0):.1f}% with SS_B > SS_W |",
         "",
-        "Intervals: eta2 median by a seeded percentile bootstrap over trajectories; fractions by the Wilson score "
-        "interval. Thresholds of the verdict: " + ", ".join(f"{k} = {v}" for k, v in (rec.thresholds or {}).items()) + ".",
+        _interval_note(s) + " Thresholds of the verdict: "
+        + ", ".join(f"{k} = {v}" for k, v in (rec.thresholds or {}).items()) + ".",
     ]
+
+
+def _interval_note(s: AuditSummary) -> str:
+    """How the headline's intervals were made: over trajectories, or over whole clusters (groups /
+    tasks) with the fractions' design effect."""
+    k = s.eta2_median.n_clusters if s.eta2_median else None
+    if k is None:
+        return ("Intervals: eta2 median by a seeded percentile bootstrap over trajectories; fractions by the Wilson "
+                "score interval.")
+    deff = s.frac_ss_between_gt_within.design_effect if s.frac_ss_between_gt_within else None
+    return (f"Intervals: eta2 median by a seeded percentile bootstrap over {k} clusters (whole groups / tasks "
+            "within source and checkpoint: their trajectories are not independent); fractions by the Wilson score "
+            "interval at the effective sample size n / design effect"
+            + (f" ({deff:.2f} for (a))" if deff is not None else "") + ".")
 
 
 def _breakdown_lines(s: AuditSummary, min_n: int) -> list[str]:

@@ -137,12 +137,15 @@ class Part:
 @dataclasses.dataclass(frozen=True)
 class Interval(Part):
     """An estimate with its 95 % bootstrap interval (``ci95``: ``(low, high)``, None when it cannot be
-    computed); ``p_value`` where a test goes with it (the gate's within-source correlation)."""
+    computed); ``p_value`` where a test goes with it (the gate's within-source correlation);
+    ``n_clusters`` when the bootstrap resampled whole clusters (groups / tasks) instead of trajectories
+    (absent: trajectories)."""
 
     estimate: float | None = None
     ci95: tuple[float, float] | None = None
     p_value: float | None = None
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("p_value",)
+    n_clusters: int | None = None
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("p_value", "n_clusters")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,17 +153,22 @@ class Tested(Interval):
     """An :class:`Interval` with the p-value of its test, a key even when None (the gate's within-source
     correlation: ``p_value`` null where the permutation test did not run)."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ()
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("n_clusters",)
 
 
 @dataclasses.dataclass(frozen=True)
 class Fraction(Part):
-    """A share of trajectories: ``k`` of ``n``, with its Wilson 95 % interval."""
+    """A share of trajectories: ``k`` of ``n``, with its Wilson 95 % interval. With clusters (groups /
+    tasks holding several trajectories) the interval is Wilson's at the effective sample size
+    ``n_effective = n / design_effect`` (both keys then present; absent: independent trajectories)."""
 
     estimate: float | None = None
     ci95: tuple[float, float] | None = None
     k: int = 0
     n: int = 0
+    design_effect: float | None = None
+    n_effective: float | None = None
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("design_effect", "n_effective")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +217,9 @@ class Truncation(Part):
 @dataclasses.dataclass(frozen=True)
 class QualityGate(Part):
     """The critic-quality gate (``analysis.quality.quality_gate``): ``status`` (passed, failed,
-    unmeasured, not_enough_data) with its ``reasons``, within-source correlation and explained variance."""
+    unmeasured, not_enough_data) with its ``reasons``, within-source correlation and explained variance;
+    ``resampled`` the unit its bootstrap intervals and permutation test resampled (``"trajectories"``,
+    or ``"clusters"``: whole groups / tasks, ``n_clusters`` of them; absent when they did not run)."""
 
     passed: bool = False
     n_trajectories: int = 0
@@ -219,8 +229,11 @@ class QualityGate(Part):
     n_strata: int | None = None
     corr_within_stratum: Tested | None = None
     explained_variance_within_stratum: Interval | None = None
+    resampled: str | None = None
+    n_clusters: int | None = None
     status: str | None = None
     reasons: tuple[str, ...] = ()
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("resampled", "n_clusters")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from critic_audit.analysis.clusters import cluster_bootstrap_ci, design_effect, has_clusters
 from critic_audit.analysis.decompose import bootstrap_ci, decompose
 from critic_audit.analysis.quality import (MIN_CONFIDENT_BOOTSTRAP, check_bootstrap_and_seed, GateConfig, TrajectorySums, pooled_ev, outcome_split,
                                            quality_gate, wilson_interval)
@@ -150,25 +151,56 @@ def _bucket_label(k: int, edges: tuple[int, ...]) -> str:
 
 def _group_stats(df: pl.DataFrame, config: AuditConfig) -> Breakdown:
     inc = df.filter(pl.col("excluded").is_null())
+    clusters = cluster_codes(inc)
     return Breakdown(n=df.height, n_included=inc.height, low_n=inc.height < config.min_group_n,
-                     eta2_median=_ci_entry(inc["eta2"].to_numpy(), "median", config),
-                     frac_ss_between_gt_within=_frac_entry(inc["reading_a"]))
+                     eta2_median=_ci_entry(inc["eta2"].to_numpy(), "median", config, clusters),
+                     frac_ss_between_gt_within=_frac_entry(inc["reading_a"], clusters))
 
 
-def _ci_entry(x: np.ndarray, stat: str, config: AuditConfig) -> Interval:
+def cluster_codes(df: pl.DataFrame) -> np.ndarray | None:
+    """(rows,) int64 cluster code of each row of a trajectories table: its ``group_id`` within its
+    (source, checkpoint) (the rollouts of one prompt, the trials of one task), a row without a
+    ``group_id`` a cluster of its own; None when no cluster holds two rows (or no ``group_id``
+    column): the intervals then resample trajectories (:mod:`critic_audit.analysis.clusters`)."""
+    if "group_id" not in df.columns or df.height < 2 or df["group_id"].null_count() == df.height:
+        return None
+    cols = [pl.col(c).cast(pl.String).fill_null("") if c in df.columns else pl.lit("") for c in ("source", "checkpoint")]
+    gid = pl.col("group_id").cast(pl.String)
+    key = df.with_row_index("_row").select(
+        *cols, gid.is_null().alias("_own"),
+        pl.when(gid.is_null()).then(pl.col("_row").cast(pl.String)).otherwise(gid).alias("_g")).hash_rows().to_numpy()
+    codes = np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return codes if has_clusters(codes) else None
+
+
+def _ci_entry(x: np.ndarray, stat: str, config: AuditConfig, clusters: np.ndarray | None = None) -> Interval:
     """The bootstrap estimate with its 95% interval; the interval is None with fewer than 2 trajectories
-    (it would be 0 wide)."""
-    est, lo, hi = bootstrap_ci(x, stat, n_boot=config.n_boot, seed=config.seed)
+    (it would be 0 wide). With ``clusters`` (:func:`cluster_codes`) whole clusters are resampled
+    (:func:`critic_audit.analysis.clusters.cluster_bootstrap_ci`; ``n_clusters`` says how many; None
+    with fewer than 2 clusters)."""
     n = int(np.isfinite(np.asarray(x, dtype=np.float64)).sum())
-    return Interval(estimate=_num(est), ci95=(_num(lo), _num(hi)) if n >= 2 else None)
+    if clusters is None:
+        est, lo, hi = bootstrap_ci(x, stat, n_boot=config.n_boot, seed=config.seed)
+        return Interval(estimate=_num(est), ci95=(_num(lo), _num(hi)) if n >= 2 else None)
+    est, lo, hi, k = cluster_bootstrap_ci(x, clusters, stat, n_boot=config.n_boot, seed=config.seed)
+    return Interval(estimate=_num(est), ci95=(_num(lo), _num(hi)) if n >= 2 and k >= 2 else None,
+                    n_clusters=k if n else None)
 
 
-def _frac_entry(flags: pl.Series) -> Fraction:
-    """A fraction of trajectories ``k`` of ``n``, its interval the Wilson score's (None when n = 0)."""
+def _frac_entry(flags: pl.Series, clusters: np.ndarray | None = None) -> Fraction:
+    """A fraction of trajectories ``k`` of ``n``, its interval the Wilson score's (None when n = 0).
+    With ``clusters`` (:func:`cluster_codes`, one per row of ``flags``) the interval is Wilson's at the
+    effective sample size ``n / deff`` (:func:`critic_audit.analysis.clusters.design_effect`)."""
+    keep = flags.is_not_null().to_numpy()
     f = flags.drop_nulls().cast(pl.Boolean)
     n, k = f.len(), int(f.sum()) if f.len() else 0
-    ci = wilson_interval(k, n)
-    return Fraction(estimate=k / n if n else None, ci95=tuple(ci) if ci else None, k=k, n=n)
+    if clusters is None or n == 0:
+        ci = wilson_interval(k, n)
+        return Fraction(estimate=k / n if n else None, ci95=tuple(ci) if ci else None, k=k, n=n)
+    deff = design_effect(f.to_numpy(), clusters[keep])
+    ci = wilson_interval(k / deff, n / deff)
+    return Fraction(estimate=k / n, ci95=tuple(ci) if ci else None, k=k, n=n, design_effect=deff,
+                    n_effective=n / deff)
 
 
 def _num(x: Any) -> Any:
@@ -383,6 +415,7 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
         vals = inc[col].fill_nan(None).drop_nulls()
         medians[col] = _num(float(np.median(vals.to_numpy())) if vals.len() else None)
     qper = per if tokens is None else _with_token_sums(per, tokens)  # None: the sums are columns of per
+    clusters = cluster_codes(inc)
     summary = AuditSummary(
         truncated=tr, scope=config.scope, n_trajectories=per.height, n_included=inc.height,
         excluded=dict(Counter(x for x in per["excluded"].to_list() if x is not None)),
@@ -390,7 +423,8 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
         n_tokens_included=int(inc["n_tokens"].sum()) if inc.height else 0,
         coverage=coverage(per, tr, config),
         eta2_median=whole.eta2_median, frac_ss_between_gt_within=whole.frac_ss_between_gt_within,
-        frac_var_turn_means_gt_mean_within_var=_frac_entry(inc["reading_b"]), frac_f_gt_1=_frac_entry(inc["reading_c"]),
+        frac_var_turn_means_gt_mean_within_var=_frac_entry(inc["reading_b"], clusters),
+        frac_f_gt_1=_frac_entry(inc["reading_c"], clusters),
         omega2_median=medians["omega2"], icc1_median=medians["icc1"], f_stat_median=medians["f_stat"],
         boundary=_boundary(inc), critic_quality=_quality(qper, config, fitted_ids),
         by_success=breakdown(per, "success", config), by_source=breakdown(per, "source", config),
@@ -556,9 +590,10 @@ def _by_checkpoint(per: pl.DataFrame, config: AuditConfig, fitted_ids: Collectio
             continue
         part = parts[key]
         inc = part.filter(pl.col("excluded").is_null())
+        clusters = cluster_codes(inc)
         row = dataclasses.replace(row, judged=True, critic_quality=_quality(part, config, fitted_ids, per_source=False),
-                                  frac_var_turn_means_gt_mean_within_var=_frac_entry(inc["reading_b"]),
-                                  frac_f_gt_1=_frac_entry(inc["reading_c"]))
+                                  frac_var_turn_means_gt_mean_within_var=_frac_entry(inc["reading_b"], clusters),
+                                  frac_f_gt_1=_frac_entry(inc["reading_c"], clusters))
         own = AuditSummary(eta2_median=row.eta2_median, frac_ss_between_gt_within=row.frac_ss_between_gt_within,
                            critic_quality=row.critic_quality, excluded={})
         rows[key] = dataclasses.replace(row, recommendation=recommend(own, config))
@@ -803,7 +838,7 @@ def _gate_inputs(df: pl.DataFrame) -> TrajectorySums:
                           reward=reward, mean_value=df["value_mean"].cast(pl.Float64).to_numpy(),
                           n_tokens=df["_qn"].to_numpy(), err_mean=df["_qem"].to_numpy(),
                           err_m2=df["_qm2"].to_numpy(), positive=outcome_split(reward),
-                          success=success)
+                          success=success, cluster=cluster_codes(df))
 
 
 def _gate_config(config: AuditConfig) -> GateConfig:

@@ -24,6 +24,13 @@ run's checkpoints (different critics) are judged each against its own rollouts. 
   Var_s(R)`` over the ``N_s`` policy tokens of stratum s (the PPO diagnostic, e.g. arXiv:2503.01491,
   computed per stratum: a constant offset per source is forgiven, the reward scale is not).
 
+Clustered rollouts (a GRPO group's samples of one prompt, the trials of one task: ``cluster``, from
+``group_id``): when a cluster holds more than one trajectory, the bootstrap resamples whole clusters
+within each stratum (the cluster bootstrap, Davison & Hinkley 1997, section 3.8) and the permutation
+test permutes within clusters and whole clusters among those of equal size (Winkler et al. 2015,
+NeuroImage 123:253); trajectories of one task that share their outcome would otherwise count as
+independent evidence and the intervals come out too narrow. Without such clusters both are unchanged.
+
 Everything is deterministic given ``seed``.
 """
 
@@ -35,9 +42,11 @@ from typing import Any
 
 import numpy as np
 
+from critic_audit.analysis.clusters import ClusterLayout
 from critic_audit.summary import Interval, QualityGate, Tested
 
-__all__ = ["GateConfig", "TrajectorySums", "outcome_split", "pooled_ev", "quality_gate", "wilson_interval"]
+__all__ = ["GateConfig", "TrajectorySums", "cluster_layouts", "outcome_split", "pooled_ev", "quality_gate",
+           "wilson_interval"]
 
 
 #: Most bootstrap resamples an audit or monitor accepts (``--bootstrap``). [ours: 2000 gives percentile
@@ -107,6 +116,10 @@ class TrajectorySums:
         err_m2: (B,) sum over its policy tokens of ``(R - V - err_mean)^2``.
         positive: (B,) bool outcome: the higher side of :func:`outcome_split` (success for 0/1 rewards).
         success: (B,) bool success labels where known (for the messages only), or None.
+        cluster: (B,) cluster code of each trajectory (its ``group_id``: the rollouts of one prompt, the
+            trials of one task; a trajectory without one has a code of its own), or None. A cluster is
+            a code within a stratum. When some cluster holds more than one trajectory the intervals
+            resample whole clusters and the test permutes whole clusters (:func:`quality_gate`).
     """
 
     stratum: np.ndarray
@@ -117,13 +130,16 @@ class TrajectorySums:
     err_m2: np.ndarray
     positive: np.ndarray
     success: np.ndarray | None = None
+    cluster: np.ndarray | None = None
 
 
-def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float] | None:
+def wilson_interval(k: float, n: float, level: float = 0.95) -> tuple[float, float] | None:
     """Wilson score interval of a binomial fraction k/n (Wilson 1927, JASA 22:209).
 
     Unlike the bootstrap or the normal interval it does not collapse at 0 or n successes (0 of 5:
-    [0, 0.43]). Returns None when ``n == 0``.
+    [0, 0.43]). ``k`` and ``n`` may be fractional: an effective sample size ``n / deff`` and ``k``
+    scaled with it (clustered trajectories, :func:`critic_audit.analysis.clusters.design_effect`).
+    Returns None when ``n <= 0``.
     """
     if n <= 0:
         return None
@@ -220,98 +236,179 @@ def _resample_kernel() -> Any:
     from numba import njit
 
     @njit(cache=True, nogil=True, error_model="numpy")
-    def resample(pick, x, y, n, em, m2, out):  # pragma: no cover - compiled
-        m = pick.shape[1]
-        for b in range(pick.shape[0]):
+    def resample(draw, starts, lens, members, x, y, n, em, m2, out):  # pragma: no cover - compiled
+        # row b of draw: the clusters drawn; their members (trajectory rows) in draw order. A
+        # trajectory resample is the case of clusters of one (starts = 0..n-1, lens = 1, members =
+        # the stratum's rows): the same draws summed in the same order.
+        for b in range(draw.shape[0]):
             sx = sy = sn = sne = snr = sm2 = 0.0
-            for j in range(m):
-                i = pick[b, j]
-                sx += x[i]
-                sy += y[i]
-                sn += n[i]
-                sne += n[i] * em[i]
-                snr += n[i] * y[i]
-                sm2 += m2[i]
+            m = 0
+            for j in range(draw.shape[1]):
+                c = draw[b, j]
+                for q in range(starts[c], starts[c] + lens[c]):
+                    i = members[q]
+                    sx += x[i]
+                    sy += y[i]
+                    sn += n[i]
+                    sne += n[i] * em[i]
+                    snr += n[i] * y[i]
+                    sm2 += m2[i]
+                m += lens[c]
             mx, my, mu_e, mu_r = sx / m, sy / m, sne / sn, snr / sn
             vx = vy = cxy = ve = vr = 0.0
-            for j in range(m):
-                i = pick[b, j]
-                dx, dy, de, dr = x[i] - mx, y[i] - my, em[i] - mu_e, y[i] - mu_r
-                vx += dx * dx
-                vy += dy * dy
-                cxy += dx * dy
-                ve += n[i] * (de * de)
-                vr += n[i] * (dr * dr)
+            for j in range(draw.shape[1]):
+                c = draw[b, j]
+                for q in range(starts[c], starts[c] + lens[c]):
+                    i = members[q]
+                    dx, dy, de, dr = x[i] - mx, y[i] - my, em[i] - mu_e, y[i] - mu_r
+                    vx += dx * dx
+                    vy += dy * dy
+                    cxy += dx * dy
+                    ve += n[i] * (de * de)
+                    vr += n[i] * (dr * dr)
             sdx, sdy = np.sqrt(vx / m), np.sqrt(vy / m)
             out[b, 0] = (cxy / m) / (sdx * sdy) if (sdx > 1e-12) & (sdy > 1e-12) else np.nan
             var_e, var_r = (sm2 + ve) / sn, vr / sn
             ok = var_r > 1e-12 * max(1.0, mu_r * mu_r)
             out[b, 1] = 1.0 - var_e / var_r if ok else np.nan
             out[b, 2] = sn
+            out[b, 3] = m
 
     _KERNEL[0] = resample
     return resample
 
 
-def _bootstrap(t: TrajectorySums, strata: list[np.ndarray], n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified bootstrap replicates of (within-stratum corr, within-stratum EV). With numba, each
-    resample's statistics come from a compiled two-pass kernel over its draws (the same draws; sums in
-    draw order, so equal to numpy's pairwise sums up to float rounding), without copying the draws."""
-    c_num = np.zeros(n_boot)
-    c_den = np.zeros(n_boot)
-    e_num = np.zeros(n_boot)
-    e_den = np.zeros(n_boot)
+def _trajectory_resamples(t: TrajectorySums, pick: np.ndarray) -> np.ndarray:
+    """numpy: (R, 4) corr (NaN where either side is constant), EV, tokens N and trajectories m of each
+    row of ``pick`` ((R, m) trajectory rows drawn)."""
+    x, y = t.mean_value[pick], t.reward[pick]
+    sx, sy = x.std(axis=1), y.std(axis=1)
+    ok = (sx > 1e-12) & (sy > 1e-12)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = ((x - x.mean(1, keepdims=True)) * (y - y.mean(1, keepdims=True))).mean(1) / (sx * sy)
+    ev, N = pooled_ev(t.n_tokens[pick], t.err_mean[pick], t.err_m2[pick], y, axis=1)
+    return np.stack([np.where(ok, r, np.nan), ev, N, np.full(pick.shape[0], float(pick.shape[1]))], axis=1)
+
+
+def _cluster_resamples(t: TrajectorySums, idx: np.ndarray, lay: ClusterLayout, draw: np.ndarray) -> np.ndarray:
+    """numpy: :func:`_trajectory_resamples` of cluster draws ((R, K) clusters of ``lay`` over the
+    stratum's rows ``idx``), each trajectory weighted by how often its cluster was drawn."""
+    R, K = draw.shape
+    counts = np.bincount((draw + K * np.arange(R)[:, None]).ravel(), minlength=R * K).reshape(R, K)
+    w = counts[:, lay.local].astype(np.float64)  # (R, n_s) multiplicity of each trajectory of idx
+    x, y = t.mean_value[idx], t.reward[idx]
+    m = w.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dx = x - ((w * x).sum(axis=1) / m)[:, None]
+        dy = y - ((w * y).sum(axis=1) / m)[:, None]
+        sx, sy = np.sqrt((w * dx * dx).sum(axis=1) / m), np.sqrt((w * dy * dy).sum(axis=1) / m)
+        ok = (sx > 1e-12) & (sy > 1e-12)
+        r = (w * dx * dy).sum(axis=1) / m / (sx * sy)
+    yb = np.broadcast_to(y, w.shape)
+    ev, N = pooled_ev(w * t.n_tokens[idx], np.broadcast_to(t.err_mean[idx], w.shape), w * t.err_m2[idx], yb, axis=1)
+    return np.stack([np.where(ok, r, np.nan), ev, N, m], axis=1)
+
+
+def _bootstrap(t: TrajectorySums, strata: list[np.ndarray], n_boot: int, rng: np.random.Generator,
+               layouts: list[ClusterLayout] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified bootstrap replicates of (within-stratum corr, within-stratum EV).
+
+    ``layouts`` None: trajectories are drawn with replacement within each stratum. Otherwise
+    ``layouts[k]`` gives the clusters of stratum k (positions within ``strata[k]``) and each resample
+    draws as many whole clusters, with replacement, as the stratum holds (the cluster bootstrap); a
+    stratum's correlation is then weighted by the trajectories drawn. With numba, each resample's
+    statistics come from a compiled two-pass kernel over its draws (sums in draw order, so equal to
+    numpy's pairwise sums up to float rounding), without copying the draws; clusters of one
+    trajectory give the trajectory bootstrap's draws and sums exactly."""
+    acc = np.zeros((4, n_boot))  # corr numerator, denominator; EV numerator, denominator
     kernel = _resample_kernel()
     cols = [np.ascontiguousarray(a, dtype=np.float64) for a in (t.mean_value, t.reward, t.n_tokens, t.err_mean, t.err_m2)]
-    for idx in strata:
+    for k, idx in enumerate(strata):
         if idx.size < 2:
             continue
+        lay = layouts[k] if layouts is not None else None
+        units = idx.size if lay is None else lay.n_clusters
+        if kernel is not None:
+            one = np.ones(units, np.int64)
+            starts, lens, members = ((np.arange(units, dtype=np.int64), one, idx.astype(np.int64)) if lay is None
+                                     else (lay.starts, lay.lens, idx[lay.members].astype(np.int64)))
         chunk = max(1, 1_000_000 // idx.size)
         for s in range(0, n_boot, chunk):
             e = min(n_boot, s + chunk)
-            pick = idx[rng.integers(0, idx.size, size=(e - s, idx.size))]
+            draw = rng.integers(0, units, size=(e - s, units))
             if kernel is not None:
-                out = np.empty((e - s, 3))
-                kernel(pick, *cols, out)
-                ok, okv = np.isfinite(out[:, 0]), np.isfinite(out[:, 1])
-                c_num[s:e] += np.where(ok, idx.size * out[:, 0], 0.0)
-                c_den[s:e] += np.where(ok, idx.size, 0.0)
-                e_num[s:e] += np.where(okv, out[:, 1] * out[:, 2], 0.0)
-                e_den[s:e] += np.where(okv, out[:, 2], 0.0)
-                continue
-            x, y = t.mean_value[pick], t.reward[pick]
-            sx, sy = x.std(axis=1), y.std(axis=1)
-            ok = (sx > 1e-12) & (sy > 1e-12)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                r = ((x - x.mean(1, keepdims=True)) * (y - y.mean(1, keepdims=True))).mean(1) / (sx * sy)
-            c_num[s:e] += np.where(ok, idx.size * r, 0.0)
-            c_den[s:e] += np.where(ok, idx.size, 0.0)
-            ev, N = pooled_ev(t.n_tokens[pick], t.err_mean[pick], t.err_m2[pick], y, axis=1)
-            okv = np.isfinite(ev)
-            e_num[s:e] += np.where(okv, ev * N, 0.0)
-            e_den[s:e] += np.where(okv, N, 0.0)
+                out = np.empty((e - s, 4))
+                kernel(draw, starts, lens, members, *cols, out)
+            elif lay is None:
+                out = _trajectory_resamples(t, idx[draw])
+            else:
+                out = _cluster_resamples(t, idx, lay, draw)
+            ok, okv = np.isfinite(out[:, 0]), np.isfinite(out[:, 1])
+            acc[0, s:e] += np.where(ok, out[:, 3] * out[:, 0], 0.0)
+            acc[1, s:e] += np.where(ok, out[:, 3], 0.0)
+            acc[2, s:e] += np.where(okv, out[:, 1] * out[:, 2], 0.0)
+            acc[3, s:e] += np.where(okv, out[:, 2], 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return c_num / c_den, e_num / e_den
+        return acc[0] / acc[1], acc[2] / acc[3]
 
 
 def _permutation_p(t: TrajectorySums, strata: list[np.ndarray], observed: float, n_perm: int,
-                   rng: np.random.Generator) -> float:
-    """One-sided p of the within-stratum correlation: rewards permuted within each stratum."""
+                   rng: np.random.Generator, layouts: list[ClusterLayout] | None = None) -> float:
+    """One-sided p of the within-stratum correlation: rewards permuted within each stratum.
+
+    With ``layouts`` (clusters, as :func:`_bootstrap`), the permutations respect the clusters (Winkler
+    et al. 2015, "Multi-level block permutation", NeuroImage 123:253): within each stratum, the
+    rewards are shuffled within each cluster (within-block exchangeability: the trials of one task, the
+    samples of one prompt are exchangeable) and whole clusters' reward vectors are permuted among the
+    clusters of the same size (whole-block exchangeability). A shared outcome of a cluster stays
+    shared, so a clustered reward cannot look like an association; a cluster whose size no other
+    cluster of its stratum has keeps its rewards (only shuffled within it)."""
     num = np.zeros(n_perm)
     den = 0.0
-    for idx in strata:
+    for k, idx in enumerate(strata):
         x, y = t.mean_value[idx], t.reward[idx]
         sx, sy = x.std(), y.std()
         if idx.size < 2 or sx <= 1e-12 or sy <= 1e-12:
             continue
         zx, zy = (x - x.mean()) / sx, (y - y.mean()) / sy
-        perm = rng.permuted(np.broadcast_to(zy, (n_perm, idx.size)), axis=1)
-        num += idx.size * (perm @ zx) / idx.size
+        if layouts is None:
+            perm = rng.permuted(np.broadcast_to(zy, (n_perm, idx.size)), axis=1)
+            num += idx.size * (perm @ zx) / idx.size
+        else:
+            num += _block_permuted_sums(zx, zy, layouts[k], n_perm, rng)
         den += idx.size
     if not den:
         return float("nan")
     null = num / den
     return float((1 + np.sum(null >= observed - 1e-12)) / (1 + n_perm))
+
+
+def _block_permuted_sums(zx: np.ndarray, zy: np.ndarray, lay: ClusterLayout, n_perm: int,
+                         rng: np.random.Generator) -> np.ndarray:
+    """(n_perm,) ``sum_i zx_i zy_pi(i)`` of one stratum under within- and whole-block permutations of
+    ``zy`` (:func:`_permutation_p`), the clusters taken size by size (ascending)."""
+    total = np.zeros(n_perm)
+    for size in np.unique(lay.lens):
+        which = np.nonzero(lay.lens == size)[0]  # clusters of this size, in order
+        rows = lay.members[(lay.starts[which][:, None] + np.arange(size)).ravel()].reshape(which.size, size)
+        y = np.broadcast_to(zy[rows], (n_perm, which.size, size))
+        if size > 1:
+            y = rng.permuted(y, axis=2)  # within each cluster
+        if which.size > 1:
+            order = rng.permuted(np.broadcast_to(np.arange(which.size), (n_perm, which.size)), axis=1)
+            y = np.take_along_axis(y, order[:, :, None], axis=1)  # whole clusters among equal sizes
+        total += (y * zx[rows]).sum(axis=(1, 2))
+    return total
+
+
+def cluster_layouts(t: TrajectorySums, strata: list[np.ndarray]) -> list[ClusterLayout] | None:
+    """The clusters of each stratum (:class:`critic_audit.analysis.clusters.ClusterLayout` over the
+    stratum's positions), or None when ``t.cluster`` is None or no cluster holds two trajectories (the
+    trajectory bootstrap and test then apply, unchanged)."""
+    if t.cluster is None:
+        return None
+    lays = [ClusterLayout(np.asarray(t.cluster)[idx]) for idx in strata]
+    return lays if any(lay.lens.size and lay.lens.max() > 1 for lay in lays) else None
 
 
 def _num(x: float | None) -> float | None:
@@ -331,9 +428,15 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> Qualit
     Returns:
         :class:`critic_audit.summary.QualityGate`: ``passed``, ``status``, ``reasons``, ``n_trajectories``,
         ``n_positive``, ``n_negative``, ``n_strata``, ``corr_within_stratum`` (estimate, ci95, p_value),
-        ``explained_variance_within_stratum`` (estimate, ci95), ``thresholds``; ``status`` is ``passed``,
+        ``explained_variance_within_stratum`` (estimate, ci95), ``thresholds``, ``resampled``
+        (``"trajectories"``, or ``"clusters"`` with ``n_clusters``); ``status`` is ``passed``,
         ``failed``, ``not_enough_data`` (too few trajectories with one of the outcomes) or ``unmeasured``
         (no reward varies within any stratum).
+
+    Clusters: when ``t.cluster`` puts two or more trajectories of one stratum in one cluster (a group,
+    a task's trials), the bootstrap resamples whole clusters within each stratum and the permutation
+    test permutes within and among clusters (:func:`_permutation_p`), so correlated trajectories are
+    not counted as independent; otherwise both are exactly the trajectory versions (the same draws).
     """
     th = dataclasses.asdict(config)
     n = int(t.reward.size)
@@ -354,8 +457,11 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> Qualit
     if not math.isfinite(corr) or not math.isfinite(ev):
         return dataclasses.replace(gate, status="unmeasured", reasons=(
             "the reward (or the mean value) is constant within every source and checkpoint",))
-    p = _permutation_p(t, strata, corr, config.n_perm, rng)
-    bc, be = _bootstrap(t, strata, config.n_boot, rng)
+    lays = cluster_layouts(t, strata)
+    p = _permutation_p(t, strata, corr, config.n_perm, rng, lays)
+    bc, be = _bootstrap(t, strata, config.n_boot, rng, lays)
+    unit = {"resampled": "trajectories"} if lays is None else {
+        "resampled": "clusters", "n_clusters": sum(lay.n_clusters for lay in lays)}
 
     def ci(x: np.ndarray) -> tuple[float | None, float | None] | None:
         x = x[np.isfinite(x)]
@@ -375,7 +481,7 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> Qualit
         lo = "n/a" if not ev_ci or ev_ci[0] is None else f"{ev_ci[0]:.3f}"
         reasons.append(f"the explained variance's 95% interval reaches 0 or below (low end {lo})")
     return dataclasses.replace(gate, passed=not reasons, status="passed" if not reasons else "failed",
-                               reasons=tuple(reasons),
+                               reasons=tuple(reasons), **unit,
                                corr_within_stratum=Tested(estimate=_num(corr), ci95=ci(bc), p_value=_num(p)),
                                explained_variance_within_stratum=Interval(estimate=_num(ev), ci95=ev_ci))
 

@@ -75,7 +75,7 @@ def _split(units: list[tuple[str, str]], rewards: np.ndarray, fraction: float, s
 
 
 def held_out_quality(values: Sequence[np.ndarray], rewards: Sequence[float], strata: Sequence[str],
-                     seed: int = 0) -> dict[str, Any]:
+                     seed: int = 0, groups: Sequence[str | None] | None = None) -> dict[str, Any]:
     """The quality gate (:func:`critic_audit.analysis.quality.quality_gate`) of values on held-out
     trajectories: within-source correlation of the mean value with the reward and within-source
     explained variance of the token values against the return, with 95% intervals.
@@ -84,6 +84,9 @@ def held_out_quality(values: Sequence[np.ndarray], rewards: Sequence[float], str
         values: per trajectory, float values of its selected policy tokens.
         rewards: per trajectory, its return.
         strata: per trajectory, its source (strata of the gate).
+        groups: per trajectory, its ``group_id`` (the task / prompt) or None: when a group holds
+            several held-out trajectories, the gate's intervals and test resample whole groups
+            (:func:`critic_audit.analysis.quality.quality_gate`).
     """
     from critic_audit.analysis.quality import GateConfig, TrajectorySums, outcome_split, quality_gate
 
@@ -95,7 +98,9 @@ def held_out_quality(values: Sequence[np.ndarray], rewards: Sequence[float], str
                        n_tokens=np.array([float(len(v)) for v in values]),
                        err_mean=np.array([float(e.mean()) for e in err]),
                        err_m2=np.array([float(((e - e.mean()) ** 2).sum()) for e in err]),
-                       positive=outcome_split(r))
+                       positive=outcome_split(r),
+                       cluster=None if groups is None else np.array(
+                           [f"g:{g}" if g is not None else f"t:{i}" for i, g in enumerate(groups)]))
     return quality_gate(t, GateConfig(seed=seed)).to_dict()  # fit-critic's JSON (held_out.json, the critic's metadata)
 
 
@@ -181,7 +186,8 @@ def fit_critic(
     held_rows = [int(i) for i in np.nonzero(held)[0]]
     fitted = _fit(bdir, data, train_rows, held_rows, options, progress)
     strata = [str(kept[j].source) for j in held_rows]
-    report = {name: held_out_quality(v, rewards[held_rows], strata, options.seed)
+    groups = [kept[j].group_id for j in held_rows]
+    report = {name: held_out_quality(v, rewards[held_rows], strata, options.seed, groups)
               for name, v in fitted["held_out_values"].items()}
     split = {"unit": "group_id, else the trajectory (one per task)", "fraction": options.held_out,
              "seed": seed_used, "n_fit": len(train_rows), "n_held_out": len(held_rows),
