@@ -214,6 +214,43 @@ def test_jsonl_rows_are_read_column_wise_as_the_row_reader_reads_them(tmp_path):
         read_tokenized(jl)
 
 
+@pytest.mark.parametrize("holes", [False, True])
+def test_padded_rows_are_read_column_wise_as_the_row_reader_reads_them(tmp_path, holes):
+    """``attention_mask`` padding on the left, on the right, on both ends, a row padded throughout and
+    (``holes``) a row whose kept tokens are split: the rows read in place (one kept run each) or with
+    the kept tokens gathered (a split row) give the sequences the row-by-row reader gives (the same rows
+    as a JSON array): tokens, values, per-token rewards and log-probs, a NaN log-prob at a kept token
+    marked, rewards on padding counted; check_rollouts counts the same trajectories."""
+    import json
+
+    att = [[0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 1, 0], [0] * 8,
+           [1, 1, 0, 1, 1, 1, 1, 1] if holes else [1] * 8, [0, 0, 0, 1, 1, 1, 1, 1]]
+    rows = []
+    for i, a in enumerate(att):
+        lp = [-0.1 * (j + 1) for j in range(8)]
+        lp[5] = float("nan") if i == 2 else lp[5]
+        tr = [0.0] * 8
+        tr[7], tr[0] = float(i % 2), (0.5 if i == 0 else 0.0)  # row 0: a reward on its padding
+        rows.append({"trajectory_id": f"r{i}", "uid": f"g{i // 2}", "input_ids": [100 + 10 * i + j for j in range(8)],
+                     "attention_mask": a, "response_mask": [int(x and j >= 3) for j, x in enumerate(a)],
+                     "values": [0.25 * j for j in range(8)], "rollout_log_probs": lp,
+                     "token_level_rewards": tr})
+    p, js = tmp_path / "rows.parquet", tmp_path / "rows.json"
+    pq.write_table(pa.Table.from_pylist(rows), p, row_group_size=4)
+    js.write_text(json.dumps(rows))
+    rep, ref = ReadReport(), ReadReport()
+    got = list(iter_tokenized(p, report=rep))
+    _same_sequences(got, list(iter_tokenized(js, report=ref)))
+    assert rep.rows_read == {"columnar": 6} and ref.rows_read == {"row_by_row": 6}
+    np.testing.assert_array_equal(got[0].token_ids, [102, 103, 104, 105, 106, 107])
+    np.testing.assert_array_equal(got[2].token_arrays["rollout_log_probs"][[3, 4]], [-0.5, np.nan])
+    assert got[2].nonfinite["rollout_log_probs"].tolist() == [0, 0, 0, 0, 1, 0]
+    assert len(got[3].token_ids) == 0 and got[0].metadata["rewards_on_padding"] == 1
+    np.testing.assert_array_equal(got[4].token_ids, [140, 141, 143, 144, 145, 146, 147] if holes else
+                                  [140 + j for j in range(8)])
+    assert check_rollouts([p]).n_trajectories == check_rollouts([js]).n_trajectories == 6
+
+
 def test_step_rows_are_read_as_arrays_as_the_row_reader_reads_them(tmp_path):
     """Parquet step rows (one row per model call) read with their token lists as numpy views give the
     same rollouts as the same rows as a JSON array; a prompt that does not extend is still named."""

@@ -700,10 +700,12 @@ class _PreparedRow(dict):
 
 @dataclass
 class _FlatGroup:
-    """One row group's token columns, flattened once and checked over the whole group (padding
-    dropped): row i is ``[offsets[i], offsets[i + 1])`` of every array."""
+    """One row group's token columns, flattened once and checked over the whole group: row i is
+    ``[starts[i], stops[i])`` of every array (its padding outside: the kept tokens of a left- or
+    right-padded row are one run, read in place; otherwise the arrays hold the kept tokens only)."""
 
-    offsets: np.ndarray
+    starts: np.ndarray
+    stops: np.ndarray
     ids: np.ndarray
     mask: np.ndarray
     values: np.ndarray | None
@@ -957,6 +959,24 @@ def _side_columns(table: Any, tc: _TokenColumns, n: np.ndarray, token_arrays: bo
     return side, nonfinite, sums, scalar_sums
 
 
+def _kept_span(keep: np.ndarray, offsets: np.ndarray, n_kept: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(starts, stops)`` (B,) of each row's kept tokens (the (N,) bool ``keep``, ``attention_mask``;
+    rows ``[offsets[i], offsets[i + 1])``, ``n_kept`` (B,) kept tokens each) when they form at most one
+    run per row (left or right padding: the row is read in place, no copy of any column); None when
+    some row's kept tokens are split."""
+    run = keep.copy()  # the first kept token of each run: kept, and the row's first token or after a drop
+    run[1:] &= ~keep[:-1]
+    first = offsets[:-1][n_kept > 0]
+    run[first] = keep[first]
+    at = np.flatnonzero(run)
+    row = np.searchsorted(offsets, at, side="right") - 1
+    if len(at) != int((n_kept > 0).sum()) or (len(row) > 1 and (np.diff(row) == 0).any()):
+        return None
+    starts = offsets[:-1].copy()
+    starts[row] = at
+    return starts, starts + n_kept
+
+
 def _kept(keep: np.ndarray, rows: int) -> Any:
     """``x -> x[keep]`` for the (N,) bool ``keep`` (``attention_mask``): when the kept tokens form at
     most two runs per row (left or right padding), the runs copied as slices (a memcpy each, several
@@ -997,18 +1017,26 @@ def _columnar_rows(table: Any, file: Path, first: int, label: str, *,
             return None
     ids, mask, keep, values = tc.ids, tc.mask, tc.keep, tc.values
     pad = np.zeros(len(n), dtype=np.int64)
+    bounds = tc.offsets[:-1], tc.offsets[1:]
     if keep is not None and not keep.all():
         drop = np.flatnonzero(~keep)  # padding: the row of each dropped token (no (N,) row index)
         drop_row = np.searchsorted(tc.offsets, drop, side="right") - 1
         if "token_rewards" in side:
             tr = side["token_rewards"][1]
             pad = np.bincount(drop_row, weights=(np.nan_to_num(tr[drop]) != 0), minlength=len(n)).astype(np.int64)
-        take = _kept(keep, len(n))
-        ids, mask = take(ids), take(mask)
-        values = None if values is None else take(values)
-        side = {k: (f, None if x is None else take(x)) for k, (f, x) in side.items()}
-        nonfinite = {k: c for k, x in nonfinite.items() if (c := take(x)).any()}
         n = n - np.bincount(drop_row, minlength=len(n)).astype(np.int64)
+        span = _kept_span(keep, tc.offsets, n)
+        if span is not None:  # one run per row: read in place, the padding left out by the bounds
+            bounds = span
+            nonfinite = {k: c for k, c in nonfinite.items() if ((c != 0) & keep).any()}
+        else:
+            take = _kept(keep, len(n))
+            ids, mask = take(ids), take(mask)
+            values = None if values is None else take(values)
+            side = {k: (f, None if x is None else take(x)) for k, (f, x) in side.items()}
+            nonfinite = {k: c for k, x in nonfinite.items() if (c := take(x)).any()}
+            ends = np.cumsum(n)
+            bounds = ends - n, ends
     lists = [k for k, _ in side.values() if k in REWARD_KEYS]
     try:
         rows = table.select([c for c in names if c not in _TOKEN_FIELDS and c not in lists]).to_pylist()
@@ -1018,7 +1046,7 @@ def _columnar_rows(table: Any, file: Path, first: int, label: str, *,
         side = {k: (f, None) for k, (f, _) in side.items() if k == "token_rewards"}
         nonfinite = {}
         values = None if values is None else values.astype(np.float32, copy=False)  # the tables' dtype
-    group = _FlatGroup(np.concatenate([[0], np.cumsum(n)]), ids, mask, values, side, nonfinite, pad, sums)
+    group = _FlatGroup(*bounds, ids, mask, values, side, nonfinite, pad, sums)
     return _group_rows(table, rows, group, tc.bad, scalar_sums)
 
 
@@ -1083,7 +1111,7 @@ def _prepared_row(rec: _PreparedRow, ctx: RecordContext, opts: ReadOptions, sour
     g, i = rec.group, rec.index
     summed = None if g.reward_sums is None else (g.reward_sums[0], float(g.reward_sums[1][i]))
     _, f = _fields(rec, ctx, opts, summed)
-    a, b = int(g.offsets[i]), int(g.offsets[i + 1])
+    a, b = int(g.starts[i]), int(g.stops[i])
     meta = _metadata(rec, f.used)
     if g.rewards_on_padding[i]:
         meta["rewards_on_padding"] = int(g.rewards_on_padding[i])
