@@ -171,6 +171,34 @@ def test_segment_sums_equal_a_loop(tmp_path):
             np.testing.assert_allclose(cols.turn_sum(x, w), want_turns, atol=1e-9)
 
 
+def test_row_sums_of_per_token_rewards_equal_a_loop():
+    """The outcome summed from per-token rewards (the column-wise reader's ``_row_sums``: only entries
+    other than 0 gathered) equals a loop adding every entry in order, bit for bit: nulls (NaN without
+    a code) as 0, coded entries as NaN / +inf / -inf, -0.0 entries, empty rows."""
+    import math
+
+    from critic_audit.io.tokenized import _row_sums
+
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        lens = rng.integers(0, 7, size=int(rng.integers(0, 6)))
+        offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        n = int(offsets[-1])
+        x = np.where(rng.random(n) < 0.5, 0.0, rng.normal(size=n) * 10.0 ** rng.integers(-8, 8, size=n))
+        x = x.astype(np.float32 if rng.random() < 0.5 else np.float64)
+        x[rng.random(n) < 0.1], x[rng.random(n) < 0.05] = np.nan, -0.0
+        codes = np.where(np.isnan(x) & (rng.random(n) < 0.5), rng.integers(1, 4, size=n), 0).astype(np.int8)
+        want = []
+        for a, b in zip(offsets[:-1], offsets[1:]):
+            total = 0.0
+            for v, c in zip(x[a:b].tolist(), codes[a:b].tolist()):
+                total += (math.nan, math.inf, -math.inf)[c - 1] if c else (0.0 if math.isnan(v) else v)
+            want.append(total)
+        got = _row_sums(x, codes if codes.any() else None, offsets)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, np.asarray(want, dtype=np.float64))
+
+
 def _same_sequences(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b):

@@ -906,12 +906,18 @@ def _token_columns(table: Any, n: np.ndarray) -> _TokenColumns | None:
 
 def _row_sums(x: np.ndarray, codes: np.ndarray | None, offsets: np.ndarray) -> np.ndarray:
     """(B,) float64 sums of the (N,) ``x`` per row, nulls (NaN without a code) as 0 and entries with a
-    :func:`nonfinite_codes` code as what they were (NaN, +-inf), so that such a sum is not finite."""
-    raw = np.where(np.isnan(x), 0.0, x).astype(np.float64)
+    :func:`nonfinite_codes` code as what they were (NaN, +-inf), so that such a sum is not finite.
+    Only the entries that are not 0 are gathered and summed (per-token rewards are mostly 0; adding
+    an exact 0 never changes a float sum, so the sums are those of every entry, in order)."""
+    with np.errstate(invalid="ignore"):
+        at = np.flatnonzero(x != 0)  # (NaN != 0: nulls and non-finite entries are gathered too)
+    raw = x[at].astype(np.float64)
+    raw[np.isnan(raw)] = 0.0
     if codes is not None:
-        raw[codes == 1], raw[codes == 2], raw[codes == 3] = np.nan, np.inf, -np.inf
-    row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    return np.bincount(row_of, weights=raw, minlength=len(offsets) - 1)
+        c = codes[at]
+        raw[c == 1], raw[c == 2], raw[c == 3] = np.nan, np.inf, -np.inf
+    rows = np.searchsorted(offsets, at, side="right") - 1
+    return np.bincount(rows, weights=raw, minlength=len(offsets) - 1).astype(np.float64, copy=False)
 
 
 def _needs_outcome(table: Any) -> bool:
