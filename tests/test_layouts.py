@@ -171,6 +171,29 @@ def test_segment_sums_equal_a_loop(tmp_path):
             np.testing.assert_allclose(cols.turn_sum(x, w), want_turns, atol=1e-9)
 
 
+def test_order_quantile_and_median_equal_numpy():
+    """check's quantile / median of a whole column (a sampled bracket, a partition of the entries
+    inside it) give np.quantile's / np.median's number exactly: normal, heavy-tailed, sorted, periodic
+    and tied data, float32 and float64, odd and even lengths, a NaN (numpy's answer), short arrays
+    (numpy itself); on a long plain column the bracket is taken (not the fallback)."""
+    from critic_audit.check import kit
+
+    rng = np.random.default_rng(0)
+    for it in range(120):
+        n = int(rng.choice([1, 2, 5, 1000, 140_000, 140_001, 300_000]))
+        kind = it % 5
+        x = (rng.normal(size=n) if kind == 0 else rng.integers(0, 5, size=n).astype(float) if kind == 1
+             else np.sort(rng.random(n)) if kind == 2 else np.abs(rng.standard_cauchy(n)) if kind == 3
+             else np.tile(rng.random(7), n // 7 + 1)[:n]).astype(np.float32 if it % 2 else np.float64)
+        if rng.random() < 0.1:
+            x[rng.integers(0, n)] = np.nan
+        for q in (0.0, 0.5, 0.99, 0.999, float(rng.random())):
+            np.testing.assert_equal(kit.order_quantile(x, q), float(np.quantile(x, q)))
+        np.testing.assert_equal(kit.order_median(x), float(np.median(x)))
+    x = rng.normal(size=300_000)
+    assert kit._order_stats(x, (149_999, 150_000)) is not None and kit._order_stats(x, (296_999, 297_000)) is not None
+
+
 def test_row_sums_of_per_token_rewards_equal_a_loop():
     """The outcome summed from per-token rewards (the column-wise reader's ``_row_sums``: only entries
     other than 0 gathered) equals a loop adding every entry in order, bit for bit: nulls (NaN without

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from critic_audit.check.kit import (
-    CheckRollout, FAIL, PASS, SKIP, WARN, CheckContext, CheckOutcome, CheckSpec, Example, fmt, share, top,
+    CheckRollout, FAIL, PASS, SKIP, WARN, CheckContext, CheckOutcome, CheckSpec, Example, fmt, order_quantile, share,
+    top,
 )
 
 #: turn positions reported one by one (later ones are pooled as ``{N}plus``)
@@ -256,7 +257,7 @@ def _masked_values(cols, rows: np.ndarray, idx: np.ndarray, factor: float) -> _M
     under_flat = np.cumsum(edge[:-1], dtype=np.int8).astype(bool) & ~cols.mask
     pol = cols.mask if rows.all() else cols.mask & cols.tokens_of(rows)
     v_pol = np.abs(v_flat[pol])
-    scale = float(np.quantile(v_pol, 0.99, overwrite_input=True)) if v_pol.size else 0.0
+    scale = order_quantile(v_pol, 0.99) if v_pol.size else 0.0  # (np.quantile's number, no full partition)
     del v_pol
     at = np.flatnonzero(under_flat)  # (the values under mask 0 only: no (N,) |V| copy)
     v_under = np.abs(v_flat[at])

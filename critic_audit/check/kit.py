@@ -14,6 +14,8 @@ The toolkit:
 - :func:`rollouts_with` — the rollouts that carry every named field (``ctx.columns.rows_with`` is the
   column-wise twin).
 - :func:`groups_of` / :func:`group_name` — rollouts by ``(collection, group_id)``.
+- :func:`order_quantile` / :func:`order_median` — ``np.quantile`` / ``np.median`` of a whole (N,)
+  column, the same numbers without sorting it all.
 - :func:`top` — indices of the worst rows (for the examples); :func:`turn_before` — the turn of a
   position; :func:`share`, :func:`median`, :func:`fmt` — a ratio, a median and a number as the
   reports print them (None where undefined).
@@ -36,6 +38,7 @@ Example (a check that warns on rollouts without a reward)::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -45,8 +48,8 @@ from critic_audit.check.core import FAIL, PASS, SKIP, WARN, CheckConfig, CheckCo
 from critic_audit.check.data import CheckRollout
 
 __all__ = ["PASS", "WARN", "FAIL", "SKIP", "CheckConfig", "CheckContext", "CheckOutcome", "CheckRollout", "CheckSpec",
-           "Example", "fmt", "group_name", "groups_of", "median", "rollouts_with", "share", "top", "turn_before",
-           "turns_by_ids"]
+           "Example", "fmt", "group_name", "groups_of", "median", "order_median", "order_quantile", "rollouts_with",
+           "share", "top", "turn_before", "turns_by_ids"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,3 +168,55 @@ def fmt(x: float) -> str:
 def median(xs: list[float]) -> float | None:
     """The median of ``xs``; None when empty."""
     return float(np.median(xs)) if xs else None
+
+
+#: sample size of :func:`_order_stats`'s bracket
+_SAMPLE = 16384
+
+
+def _order_stats(x: np.ndarray, ks: tuple[int, int]) -> tuple[float, float] | None:
+    """The ``ks`` (0-based, ascending) order statistics of the 1-D ``x`` without partitioning all of
+    it: a strided sample brackets the ranks, only the entries inside the bracket are partitioned. None
+    (the caller partitions everything) for a short array, a NaN in it, or a bracket that misses."""
+    n = len(x)
+    if n < 8 * _SAMPLE:
+        return None
+    sample = np.sort(x[:: n // _SAMPLE])
+    m = len(sample)
+    p = ks[0] / n  # the bracket: 6 standard errors of a sample quantile either side of the ranks
+    margin = 6.0 * math.sqrt(max(p * (1.0 - p), 1.0 / m) / m) + 2.0 / m
+    lo = sample[max(int((p - margin) * m), 0)]
+    hi = sample[min(int((ks[1] / n + margin) * m) + 1, m - 1)]
+    below = int(np.count_nonzero(x < lo))
+    above = int(np.count_nonzero(x > hi))
+    if not (below <= ks[0] and ks[1] < n - above):
+        return None
+    inside = x[(x >= lo) & (x <= hi)]
+    if below + len(inside) + above != n:  # NaN compares False every way: np.quantile's own rules apply
+        return None
+    part = np.partition(inside, (ks[0] - below, ks[1] - below))
+    return part[ks[0] - below], part[ks[1] - below]
+
+
+def order_quantile(x: np.ndarray, q: float) -> float:
+    """``float(np.quantile(x, q))`` (method ``linear``) of the 1-D float array ``x`` (left as it is),
+    the same number: the two order statistics around ``(N - 1) q`` are found in a bracket a strided
+    sample sets (a few passes over ``x`` and a partition of the entries inside, not of all N), and
+    interpolated by ``np.quantile`` itself. Raises as ``np.quantile`` on an empty ``x``."""
+    n = len(x)
+    h = (n - 1) * q
+    k = int(np.floor(h)) if n else 0
+    got = _order_stats(x, (k, min(k + 1, n - 1))) if 0 <= q < 1 and n else None
+    if got is None:
+        return float(np.quantile(x, q))
+    return float(np.quantile(np.asarray(got, dtype=x.dtype), h - k))
+
+
+def order_median(x: np.ndarray) -> float:
+    """``float(np.median(x))`` of the 1-D float array ``x`` (left as it is), the same number, found as
+    :func:`order_quantile` finds its order statistics."""
+    n = len(x)
+    got = _order_stats(x, (n // 2 - 1, n // 2) if n % 2 == 0 else (n // 2, n // 2)) if n else None
+    if got is None:
+        return float(np.median(x))
+    return float(np.mean(np.asarray(got if n % 2 == 0 else got[:1], dtype=x.dtype)))

@@ -12,7 +12,7 @@ import numpy as np
 
 from critic_audit.check.columns import Columns
 from critic_audit.check.kit import (
-    CheckRollout, FAIL, PASS, SKIP, WARN, CheckContext, CheckOutcome, CheckSpec, Example, fmt, top,
+    CheckRollout, FAIL, PASS, SKIP, WARN, CheckContext, CheckOutcome, CheckSpec, Example, fmt, order_median, top,
 )
 
 #: turn positions reported one by one (later ones are pooled as ``{N}plus``)
@@ -371,7 +371,7 @@ def check_truncated_sampling_bias(rollouts: Sequence[CheckRollout], ctx: CheckCo
     half = 1.96 * traj_sd / math.sqrt(n) if n > 1 else math.nan  # over trajectories (tokens within one correlate)
     below = float((row_mean < 1.0).mean())
     shift = 1.0 - traj_mean
-    measured = {"mean_ratio": mean, "median_ratio": float(np.median(on, overwrite_input=True)),
+    measured = {"mean_ratio": mean, "median_ratio": order_median(on),
                 "trajectory_mean_ratio": traj_mean, "trajectory_mean_ratio_ci_low": traj_mean - half if n > 1 else None,
                 "trajectory_mean_ratio_ci_high": traj_mean + half if n > 1 else None,
                 "trajectory_mean_ratio_sd": traj_sd, "share_trajectories_below_1": below,
