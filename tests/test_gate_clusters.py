@@ -357,3 +357,20 @@ def test_fit_critics_held_out_gate_resamples_groups():
     lo_c, hi_c = by_task["corr_within_stratum"]["ci95"]
     lo_t, hi_t = by_traj["corr_within_stratum"]["ci95"]
     assert hi_c - lo_c > 1.5 * (hi_t - lo_t)
+
+
+def test_one_group_gives_no_interval():
+    """16 samples of one prompt: resampling the one cluster is always the same sample, so no interval is
+    given (median eta2: none, and a verdict is not confident; the gate: no EV interval, so it fails)."""
+    trajs, tokens = _tables(["p0"] * 16)
+    trajs = trajs.with_columns(reward=pl.Series([float(i % 2) for i in range(16)]),
+                               success=pl.Series([bool(i % 2) for i in range(16)]))
+    s = audit(trajs, tokens, AuditConfig(n_boot=200, gate=GateConfig(n_perm=200))).summary
+    assert s.eta2_median.n_clusters == 1 and s.eta2_median.ci95 is None
+    g = s.critic_quality.gate
+    assert g.resampled == "clusters" and g.n_clusters == 1 and g.status == "failed"
+    assert g.explained_variance_within_stratum.ci95 is None and g.corr_within_stratum.ci95 is None
+    assert any("form one cluster" in r for r in g.reasons)
+    from critic_audit.analysis.audit import _side
+
+    assert _side(s.eta2_median, 0.7, strict_above=False)[1].endswith("(no interval: fewer than 2 clusters (groups / tasks))")

@@ -686,7 +686,9 @@ def _side(entry: Interval | Fraction | None, threshold: float, *, strict_above: 
     est = entry.estimate if entry else None
     ci = entry.ci95 if entry else None
     if ci is None or ci[0] is None or ci[1] is None:
-        return "straddles", f"{est:.3f} (no interval: fewer than 2 trajectories)"
+        few = "clusters (groups / tasks)" if isinstance(entry, Interval) and entry.n_clusters is not None \
+            else "trajectories"
+        return "straddles", f"{est:.3f} (no interval: fewer than 2 {few})"
     lo, hi = float(ci[0]), float(ci[1])
     text = f"{est:.3f} [{lo:.3f}, {hi:.3f}]"
     if (lo > threshold) if strict_above else (lo >= threshold):

@@ -462,6 +462,9 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> Qualit
     bc, be = _bootstrap(t, strata, config.n_boot, rng, lays)
     unit = {"resampled": "trajectories"} if lays is None else {
         "resampled": "clusters", "n_clusters": sum(lay.n_clusters for lay in lays)}
+    one_cluster = unit.get("n_clusters") == 1  # resampling one cluster says nothing: no interval
+    if one_cluster:
+        bc = be = np.full(config.n_boot, np.nan)
 
     def ci(x: np.ndarray) -> tuple[float | None, float | None] | None:
         x = x[np.isfinite(x)]
@@ -477,7 +480,10 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> Qualit
         reasons.append(f"the correlation is not significant (permutation p = {p:.3f} >= {config.alpha})")
     if ev < config.min_explained_variance:
         reasons.append(f"explained variance {ev:.3f} < {config.min_explained_variance}")
-    if ev_ci is None or ev_ci[0] is None or ev_ci[0] <= 0:
+    if one_cluster:
+        reasons.append("no 95% interval of the explained variance: the trajectories judged form one cluster "
+                       "(one group / task), and resampling it says nothing about other groups")
+    elif ev_ci is None or ev_ci[0] is None or ev_ci[0] <= 0:
         lo = "n/a" if not ev_ci or ev_ci[0] is None else f"{ev_ci[0]:.3f}"
         reasons.append(f"the explained variance's 95% interval reaches 0 or below (low end {lo})")
     return dataclasses.replace(gate, passed=not reasons, status="passed" if not reasons else "failed",
