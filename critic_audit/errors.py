@@ -11,6 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 
 
+#: Temporary files that stand in for a user's file (a decompressed copy, a link given a suffix), by
+#: path: messages name the user's file instead (:func:`show_path_as`).
+_SHOWN_AS: dict[str, str] = {}
+
+
+def show_path_as(stand_in: str | Path, shown: str | Path) -> None:
+    """Name ``shown`` (the user's file, e.g. ``traces.jsonl.zst``) in every error whose path is
+    ``stand_in`` (its decompressed copy in a temporary folder)."""
+    _SHOWN_AS[str(stand_in)] = str(shown)
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` as messages name it: the user's file for a stand-in (:func:`show_path_as`), else itself."""
+    return _SHOWN_AS.get(str(path), str(path))
+
+
 class CriticAuditError(Exception):
     """Base class of every error the CLI reports as one clean line."""
 
@@ -31,7 +47,7 @@ class CriticAuditError(Exception):
     def _format(self) -> str:
         where = ""
         if self.path is not None:
-            where = self.path
+            where = shown_path(self.path)
         if self.record is not None:
             where = f"{where}: record {self.record}" if where else f"record {self.record}"
         msg = f"{where}: {self.problem}" if where else self.problem

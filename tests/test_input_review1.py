@@ -193,3 +193,73 @@ def test_a_non_finite_reward_in_tokenized_parquet_rows_is_refused_or_skipped(tmp
     rep = ReadReport()
     got = load_rollouts([tmp_path / "rows.parquet"], read_options=ReadOptions(lenient=True), report=rep)
     assert [r.trajectory_id for r in got] == ["t0", "t2", "t3"] and sum(rep.skipped.values()) == 1
+
+
+def _chat_lines(ids: list[str], reward: float = 1.0) -> bytes:
+    import json
+
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    return "".join(json.dumps({"id": i, "messages": msgs, "reward": reward}) + "\n" for i in ids).encode()
+
+
+def test_compressed_files_in_a_folder_are_found_by_content(tmp_path):
+    """A folder search reads gzip / zstd files by their first bytes, as a file named on its own (was:
+    by suffix only, so ``b.jsonl.gz``, a suffix-less zstd ``blob`` and ``a.json.gz`` beside ``a.json``
+    were passed over as not_rollout_file): each under its own name; a plain suffix-less file is still
+    passed over; an identical compressed copy is refused as a copy naming the user's file."""
+    import gzip
+    import json
+
+    import zstandard
+
+    from critic_audit.io.inputs import read_all
+
+    d = tmp_path / "run"
+    d.mkdir()
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    (d / "a.json").write_text(json.dumps([{"id": "a0", "messages": msgs, "reward": 1.0}]))
+    (d / "a.json.gz").write_bytes(gzip.compress(json.dumps([{"id": "z0", "messages": msgs, "reward": 0.0}]).encode()))
+    (d / "b.jsonl.gz").write_bytes(gzip.compress(_chat_lines(["b0", "b1"])))
+    (d / "blob").write_bytes(zstandard.ZstdCompressor().compress(_chat_lines(["c0"], 0.5)))
+    (d / "notes").write_bytes(_chat_lines(["n0"]))  # plain, no suffix: not a rollout file in a folder
+    rep = ReadReport()
+    res = read_all([d], ReadOptions(), report=rep)
+    got = sorted((c.trajectory_id, c.reward, c.source) for c in res.conversations)
+    assert got == [("a0", 1.0, "a"), ("b0", 1.0, "b"), ("b1", 1.0, "b"), ("c0", 0.5, "blob"), ("z0", 0.0, "a")]
+    specs = {str(s.origin or s.path): s for r in res.resolved for s in r.files}
+    assert sorted(Path(k).name for k in specs) == ["a.json", "a.json.gz", "b.jsonl.gz", "blob"]
+    assert specs[str(d / "a.json.gz")].label != specs[str(d / "a.json")].label  # two files, two labels
+    assert rep.skipped_files == {"not_rollout_file": 1}
+    (d / "blob").unlink()
+    (d / "notes").unlink()
+    (d / "b.jsonl").write_bytes(gzip.decompress((d / "b.jsonl.gz").read_bytes()))  # the same export, twice
+    with pytest.raises(InputError) as e:
+        read_all([d], ReadOptions())
+    msg = str(e.value)
+    assert msg.startswith(f"{d / 'b.jsonl.gz'}: ") or f"as in {d / 'b.jsonl.gz'} " in msg
+    assert "two copies of one export" in msg and "critic-audit-in-" not in msg
+
+
+def test_a_bad_compressed_file_in_a_folder_is_named_and_lenient_skips_it(tmp_path):
+    """A bad record inside a compressed file found in a folder: the line names the user's file (not its
+    temporary copy) and the stray-file hint; a file that does not decompress is one line, or skipped
+    and counted under --lenient."""
+    import gzip
+
+    from critic_audit.io.inputs import read_all
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "ok.jsonl").write_bytes(_chat_lines(["a"]))
+    (d / "bad.jsonl.gz").write_bytes(gzip.compress(_chat_lines(["b"]) + b'{"id": "c", "messages": 3}\n'))
+    with pytest.raises(InputError) as e:
+        read_all([d], ReadOptions())
+    assert str(e.value).startswith(f"{d / 'bad.jsonl.gz'}: record 1 (line 2")
+    assert "if bad.jsonl.gz is not a rollout file, move it out of" in str(e.value)
+    (d / "bad.jsonl.gz").write_bytes(gzip.compress(_chat_lines(["b"]))[:30])  # cut: does not decompress
+    with pytest.raises(InputError) as e:
+        read_all([d], ReadOptions())
+    assert str(e.value).startswith(f"{d / 'bad.jsonl.gz'}: gzip-compressed file that does not decompress")
+    rep = ReadReport()
+    res = read_all([d], ReadOptions(lenient=True), report=rep)
+    assert [c.trajectory_id for c in res.conversations] == ["a"] and rep.skipped_files == {"unreadable_file": 1}

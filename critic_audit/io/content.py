@@ -3,7 +3,11 @@
 zstd-) compressed file is decompressed into a temporary folder; a file (or a pipe's spooled copy)
 without a rollout suffix is given one from its first bytes (``PAR1`` -> ``.parquet``; one JSON object
 per line -> ``.jsonl``; one JSON value -> ``.json``), as a link in a temporary folder, so that every
-reader's suffix rules apply. Layering: imports only :mod:`critic_audit.errors`.
+reader's suffix rules apply. A folder search (:func:`critic_audit.io.detect.resolve_inputs`) sniffs
+the first 4 bytes of each file (:func:`is_compressed`) and reads a compressed one the same way, whatever
+its name (``a.json.gz`` beside ``a.json``, a chunk ``00000.jsonl.zst``, a gzip file without a suffix).
+Errors name the user's file, not the temporary copy (:func:`critic_audit.errors.show_path_as`).
+Layering: imports only :mod:`critic_audit.errors`.
 """
 
 from __future__ import annotations
@@ -13,15 +17,16 @@ import json
 import os
 from pathlib import Path
 
-from critic_audit.errors import InputError
+from critic_audit.errors import InputError, show_path_as
 
-__all__ = ["by_content", "MAX_DECOMPRESSED_BYTES"]
+__all__ = ["by_content", "is_compressed", "strip_compression_suffix", "MAX_DECOMPRESSED_BYTES"]
 
 #: The most bytes a compressed input may decompress to (it is written to a temporary file).
 MAX_DECOMPRESSED_BYTES = 8 << 30
 _GZIP, _ZSTD = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
+_COMPRESSED_SUFFIXES = (".gzip", ".zstd", ".gz", ".zst")
 _FOLDER: list[Path] = []
-_DONE: dict[str, Path] = {}
+_DONE: dict[str, Path] = {}  # "realpath:mtime_ns:size" -> what by_content gave
 _COUNT = itertools.count()
 
 
@@ -44,6 +49,21 @@ def _head(p: Path, n: int = 1 << 16) -> bytes:
         return b""
 
 
+def is_compressed(p: Path, head: bytes | None = None) -> bool:
+    """``p`` starts with a gzip or zstd magic number (its first 4 bytes, or those of ``head`` when given;
+    False when it cannot be read)."""
+    head = _head(p, 4) if head is None else head[:4]
+    return head[:3] == _GZIP + b"\x08" or head == _ZSTD  # gzip: deflate, its only method
+
+
+def strip_compression_suffix(name: str) -> str:
+    """``name`` without a ``.gz`` / ``.gzip`` / ``.zst`` / ``.zstd`` ending (``a.json.gz`` -> ``a.json``)."""
+    for s in _COMPRESSED_SUFFIXES:
+        if name.lower().endswith(s) and len(name) > len(s):
+            return name[: -len(s)]
+    return name
+
+
 def _json_suffix(head: bytes) -> str | None:
     """``.jsonl`` when the first line is a whole JSON object and more follows, ``.json`` for a JSON
     value, None for anything else."""
@@ -61,7 +81,7 @@ def _json_suffix(head: bytes) -> str | None:
 
 
 def _decompress(p: Path, magic: bytes) -> Path:
-    name = p.name[: -len(p.suffix)] if p.suffix.lower() in (".gz", ".gzip", ".zst", ".zstd") else p.name
+    name = strip_compression_suffix(p.name)
     if magic == _GZIP:
         import gzip
 
@@ -99,7 +119,12 @@ def by_content(p: Path, known_suffixes: tuple[str, ...]) -> Path:
         InputError: a compressed file that does not decompress, one that decompresses to more than
             :data:`MAX_DECOMPRESSED_BYTES`, or a zstd file without the ``zstandard`` package.
     """
-    key = os.path.realpath(p)
+    real = os.path.realpath(p)
+    try:
+        st = os.stat(real)
+        key = f"{real}:{st.st_mtime_ns}:{st.st_size}"  # a file rewritten since is read again
+    except OSError:
+        key = real
     if key in _DONE:
         return _DONE[key]
     head = _head(p)
@@ -111,6 +136,8 @@ def by_content(p: Path, known_suffixes: tuple[str, ...]) -> Path:
         if suffix is not None:
             out = _temp_folder() / str(next(_COUNT)) / (p.name + suffix)
             out.parent.mkdir()
-            out.symlink_to(key)
+            out.symlink_to(real)
+    if out != p:
+        show_path_as(out, p)  # errors name the user's file
     _DONE[key] = out
     return out

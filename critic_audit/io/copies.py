@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from critic_audit.errors import InputError
+from critic_audit.errors import InputError, shown_path
 
 __all__ = ["repeated_copies", "refuse_or_note_copies", "DUPLICATE_NOTE"]
 
@@ -75,7 +75,7 @@ def refuse_or_note_copies(items: Sequence[Any], specs: Sequence[Any], lenient: b
         first, again = pairs[0]
         files = len({specs[j].path for pair in pairs for j in pair})
         raise InputError(f"trajectory {str(items[again].trajectory_id)!r} has the same id and content as in "
-                         f"{specs[first].path} ({len(pairs)} trajector{'y' if len(pairs) == 1 else 'ies'} repeated "
+                         f"{shown_path(specs[first].path)} ({len(pairs)} trajector{'y' if len(pairs) == 1 else 'ies'} repeated "
                          f"across {files} files: two copies of one export?)", path=specs[again].path,
                          fix="read one copy (move the other out of the folder), or pass --lenient to read both "
                              f"(counted as {DUPLICATE_NOTE})")

@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from critic_audit.errors import InputError
-from critic_audit.io.content import by_content
+from critic_audit.io.content import by_content, is_compressed, strip_compression_suffix
 from critic_audit.io.copies import refuse_or_note_copies
 from critic_audit.io.formats import FORMATS, Format
 from critic_audit.io.records import (
@@ -57,13 +57,15 @@ _HEAD = 20000
 @dataclass(frozen=True)
 class FileSpec:
     """One file (or table folder) to read: its format, its collection (``source``) and the unique
-    ``label`` its generated ids start with."""
+    ``label`` its generated ids start with; ``origin``: the user's file when ``path`` is its
+    decompressed copy in a temporary folder (:mod:`critic_audit.io.content`), else None."""
 
     path: Path
     format: str
     source: str
     label: str
     kind: str = "conversations"
+    origin: Path | None = None
 
 
 @dataclass
@@ -393,15 +395,17 @@ def detect_format(path: str | Path, messages_key: str | None = None) -> str:
 
 
 def _stem(path: Path) -> str:
-    name = path.name
+    name = strip_compression_suffix(path.name)
     for s in _ALL_SUFFIXES:
         if name.lower().endswith(s) and len(name) > len(s):
             return name[: -len(s)]
-    return path.stem
+    return Path(name).stem
 
 
-def _walk(root: Path, opts: ReadOptions, report: ReadReport) -> Iterator[tuple[Path, str]]:
-    """``(path, format)`` of every rollout file / table folder below ``root``, in sorted order.
+def _walk(root: Path, opts: ReadOptions, report: ReadReport) -> Iterator[tuple[Path, str, Path | None]]:
+    """``(path, format, origin)`` of every rollout file / table folder below ``root``, in sorted order:
+    a gzip- or zstd-compressed file (told by its first 4 bytes, whatever its name) is read from its
+    decompressed copy ``path``, ``origin`` naming it (None for every other file).
 
     Symbolic links to folders are followed (each folder once: a link back up the tree is a
     ``symlink_loop``). An entry that cannot be read (:func:`entry_problem`: an unreadable file or
@@ -435,7 +439,7 @@ def _walk(root: Path, opts: ReadOptions, report: ReadReport) -> Iterator[tuple[P
         seen.add((st.st_dev, st.st_ino))
         if d != root and _is_table_folder(d):
             dirnames[:] = []
-            yield d, "tables"
+            yield d, "tables", None
             continue
         dirnames[:] = sorted(n for n in dirnames if not n.startswith("."))
         for n in sorted(filenames):
@@ -446,24 +450,45 @@ def _walk(root: Path, opts: ReadOptions, report: ReadReport) -> Iterator[tuple[P
             if found is not None:
                 problem(f, found)
                 continue
-            reason = _skip_reason(f)
-            if reason is not None:  # beside rollout files, not one (a Harbor agent's native log, ...)
-                report.skip_file(f, reason, rows=reason == "git_lfs_pointer")
-                continue
-            try:
-                fmt = _file_format(f, opts, explicit=False)
-            except InputError as e:  # several formats claim the file, or it cannot be read: strict names
-                reason = getattr(e, "reason", None)  # it, lenient counts it
-                if reason not in ("ambiguous_format", "unreadable_file") or not opts.lenient:
-                    raise
-                report.skip_file(f, reason, rows=reason == "ambiguous_format")
-                continue
-            if fmt is None and _is_companion(f):
-                continue  # a Harbor trial's reward, a vf-eval run's metadata.json: read with its rollouts
-            if fmt is None:
-                report.skip_file(f, "not_rollout_file", rows=holds_rows(f))
-            else:
-                yield f, fmt
+            got = _walk_file(f, root, opts, report)
+            if got is not None:
+                yield got
+
+
+def _walk_file(f: Path, root: Path, opts: ReadOptions, report: ReadReport) -> tuple[Path, str, Path | None] | None:
+    """``(path, format, origin)`` of one readable file the search of folder ``root`` found (see :func:`_walk`), or
+    None when it is skipped (counted in ``report``) or read with others (a companion).
+
+    Raises:
+        InputError: several formats claim it, it cannot be read or decompressed (strict mode).
+    """
+    head = _first_bytes(f)  # one read for the Git LFS check and the compression magic
+    reason = _skip_reason(f, root=root, head=head)
+    if reason is not None:  # beside rollout files, not one (a Harbor agent's native log, ...)
+        report.skip_file(f, reason, rows=reason == "git_lfs_pointer")
+        return None
+    origin, g = None, f
+    try:
+        if is_compressed(f, head):  # by content, as a file named on its own (a.json.gz, 00000.jsonl.zst)
+            origin = f
+            g = by_content(f, _ALL_SUFFIXES)
+            reason = _skip_reason(g)  # the readers' content rules, on the decompressed bytes
+            if reason is not None:
+                report.skip_file(f, reason)
+                return None
+        fmt = _file_format(g, opts, explicit=False)
+    except InputError as e:  # several formats claim the file, or it cannot be read: strict names
+        reason = getattr(e, "reason", None) or ("unreadable_file" if origin is not None else None)  # it,
+        if reason not in ("ambiguous_format", "unreadable_file") or not opts.lenient:  # lenient counts it
+            raise
+        report.skip_file(f, reason, rows=reason == "ambiguous_format")
+        return None
+    if fmt is None and _is_companion(g):
+        return None  # a Harbor trial's reward, a vf-eval run's metadata.json: read with its rollouts
+    if fmt is None:
+        report.skip_file(f, "not_rollout_file", rows=holds_rows(g))
+        return None
+    return g, fmt, origin
 
 
 #: Largest JSON file parsed whole to tell whether it holds record-like rows (larger: its head decides).
@@ -500,18 +525,27 @@ def holds_rows(f: Path) -> bool:
     return False
 
 
-def _skip_reason(f: Path) -> str | None:
-    """Why a file is passed over although a reader could parse it (``skip_reason`` of a reader, or a Git
-    LFS pointer left where the data should be), or None."""
+def _first_bytes(f: Path, n: int = 48) -> bytes:
     try:
         with f.open("rb") as fh:
-            if fh.read(48).startswith(b"version https://git-lfs.github.com/spec/"):
-                return "git_lfs_pointer"
+            return fh.read(n)
     except OSError:
-        pass
+        return b""
+
+
+def _skip_reason(f: Path, *, root: Path | None = None, head: bytes | None = None) -> str | None:
+    """Why a file is passed over although a reader could parse it (``skip_reason`` of a reader, or a Git
+    LFS pointer left where the data should be; ``root``: the folder searched, and also a reader's
+    ``skip_in_folder(f, root)``, a file that search leaves out but that is read when named on its own,
+    such as prime-rl's ``all/`` beside an ``effective/`` also below ``root``; asked before a compressed
+    file is decompressed), or None. ``head``: the file's first 48 bytes, when already read."""
+    if (_first_bytes(f) if head is None else head).startswith(b"version https://git-lfs.github.com/spec/"):
+        return "git_lfs_pointer"
     for fmt in FORMATS.values():
-        hook = getattr(fmt.reader(), "skip_reason", None)
-        reason = hook(f) if hook is not None else None
+        reader = fmt.reader()
+        reason = reader.skip_reason(f) if hasattr(reader, "skip_reason") else None
+        if reason is None and root is not None and hasattr(reader, "skip_in_folder"):
+            reason = reader.skip_in_folder(f, root)
         if reason is not None:
             return reason
     return None
@@ -528,6 +562,16 @@ _SKIP_FIX = {
                           "agent/trajectory.json)", "point at agent/trajectory.json or at the job folder"),
     "harbor_traces_export": ("a Harbor traces export (conversation rows rebuilt from ATIF trajectories), not ATIF",
                              "point at the Harbor job folder (its <trial>/agent/trajectory.json files)"),
+    "prime_rl_trace_index": ("a prime-rl trace index (one summary row per episode or update), not episodes",
+                             "point at the episode stream beside it (monitors/file/traces/stream/) or at the run folder"),
+    "prime_rl_trace_annotations": ("prime-rl trace annotations (updates folded onto traces after they arrived), "
+                                   "not episodes", "point at the episode stream (monitors/file/traces/stream/)"),
+    "prime_rl_live_trace": ("a prime-rl live trace (deltas of a rollout still in flight), not a finished episode",
+                            "point at the episode stream (monitors/file/traces/stream/) once the rollout has landed"),
+    "prime_rl_metrics": ("prime-rl's metric rows (monitors/file/metrics.jsonl), not episodes",
+                         "point at the episode stream (monitors/file/traces/stream/) or at the run folder"),
+    "prime_rl_chunk_being_sealed": ("a prime-rl stream chunk being compressed (.zst.tmp, incomplete)",
+                                    "point at the plain chunk beside it (<n>.jsonl), or wait until it is sealed"),
 }
 
 
@@ -594,7 +638,7 @@ def resolve_inputs(paths: list[str | Path] | tuple[str | Path, ...], options: Re
     """
     opts = options or ReadOptions()
     rep = report if report is not None else ReadReport()
-    found: list[tuple[int, Path, str]] = []
+    found: list[tuple[int, Path, str, Path | None]] = []  # (input, file, format, origin)
     for i, raw in enumerate(paths):
         p = Path(raw)
         found_problem = entry_problem(p, listed=False)
@@ -606,7 +650,7 @@ def resolve_inputs(paths: list[str | Path] | tuple[str | Path, ...], options: Re
             p = spool_stream(p)
             rep.notes["inputs_read_from_a_pipe"] += 1
         if p.is_dir() and _is_table_folder(p):
-            found.append((i, p, "tables"))
+            found.append((i, p, "tables", None))
             continue
         if p.is_dir():
             before = Counter(rep.skipped_files)
@@ -615,9 +659,9 @@ def resolve_inputs(paths: list[str | Path] | tuple[str | Path, ...], options: Re
                 skipped = sum((rep.skipped_files - before).values())
                 raise InputError(f"the folder holds no rollout file ({skipped} other file(s) skipped)", path=p,
                                  fix="point at rollout files (docs/input_formats.md), or pick the format with --format")
-            found.extend((i, f, fmt) for f, fmt in files)
+            found.extend((i, f, fmt, origin) for f, fmt, origin in files)
         else:
-            p = by_content(p, _ALL_SUFFIXES)  # compressed, or no suffix telling the format
+            named, p = p, by_content(p, _ALL_SUFFIXES)  # compressed, or no suffix telling the format
             reason = _skip_reason(p) if opts.format == "auto" else None
             if reason is None and opts.format == "auto" and p.suffix.lower() in (".csv", ".tsv"):
                 raise InputError("CSV is not a rollout format", path=p,
@@ -627,16 +671,36 @@ def resolve_inputs(paths: list[str | Path] | tuple[str | Path, ...], options: Re
             if reason is not None:
                 problem, fix = _SKIP_FIX.get(reason, (f"not a rollout file ({reason})", "pick the format with --format"))
                 raise InputError(problem, path=p, fix=fix)
-            found.append((i, p, _file_format(p, opts, explicit=True) or "chat"))
-    names = _names([(Path(paths[i]), f, fmt) for i, f, fmt in found], opts)
+            found.append((i, p, _file_format(p, opts, explicit=True) or "chat", named if p != named else None))
+    # named after the user's files (a decompressed copy after the file it came from)
+    names = _names([(Path(paths[i]), origin or f, fmt) for i, f, fmt, origin in found], opts)
     out = [ResolvedInput(Path(p)) for p in paths]
-    for (i, f, fmt), (source, label) in zip(found, names):
+    for (i, f, fmt, origin), (source, label) in zip(found, names):
         reader = FORMATS[fmt].reader()
         kind = reader.file_kind(f, opts) if hasattr(reader, "file_kind") else FORMATS[fmt].kind
-        out[i].files.append(FileSpec(f, fmt, source, label, kind))
+        out[i].files.append(FileSpec(f, fmt, source, label, kind, origin))
+    if not opts.lenient:
+        _refuse_one_export_twice(out)
     for r in out:
         rep.formats[str(r.path)] = r.format
     return out
+
+
+def _refuse_one_export_twice(resolved: list[ResolvedInput]) -> None:
+    """One line when two files read are the same export's overlapping subsets (a reader's
+    ``same_episodes_as``: prime-rl's ``all/`` and ``effective/`` traces of one step, both named).
+
+    Raises:
+        InputError: naming both files and which to pass.
+    """
+    read = {os.path.realpath(s.origin or s.path) for r in resolved for s in r.files}
+    for r in resolved:
+        for s in r.files:
+            hook = getattr(FORMATS[s.format].reader(), "same_episodes_as", None)
+            twin = hook(Path(s.origin or s.path)) if hook is not None else None
+            if twin is not None and os.path.realpath(twin[0]) in read:
+                raise InputError(f"holds the same episodes as {twin[0]} (two subsets of one export, both given)",
+                                 path=s.origin or s.path, fix=twin[1])
 
 
 def _names(files: list[tuple[Path, Path, str]], opts: ReadOptions) -> list[tuple[str, str]]:

@@ -64,8 +64,16 @@ class Format:
     overrides: tuple[str, ...] = ()
 
     def reader(self) -> ModuleType:
-        """The reader module (imported on first use)."""
-        return importlib.import_module(self.module)
+        """The reader module (imported on first use, then kept: a folder search asks every format's
+        hooks of every file)."""
+        mod = _READERS.get(self.module)
+        if mod is None:
+            mod = _READERS[self.module] = importlib.import_module(self.module)
+        return mod
+
+
+#: The reader modules imported so far, by module name.
+_READERS: dict[str, ModuleType] = {}
 
 
 #: Every format, in detection order (the first whose sniff rule accepts a file reads it).

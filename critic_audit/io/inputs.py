@@ -122,13 +122,14 @@ def _read_conversation_files(res: Sequence[ResolvedInput], options: ReadOptions,
             except InputError as e:
                 # lenient: record errors were skipped inside; what escapes is about the whole file (not
                 # UTF-8, not JSON): skip and count the file, unless it was named on its own
-                inside = Path(spec.path) != Path(r.path)  # found in a folder, not named on its own
+                found = Path(spec.origin or spec.path)  # the user's file (not its decompressed copy)
+                inside = found != Path(r.path)  # found in a folder, not named on its own
                 if not options.lenient and inside:
-                    raise _stray_hint(e, Path(spec.path), Path(r.path)) from e
+                    raise _stray_hint(e, found, Path(r.path)) from e
                 if not options.lenient or e.path != str(spec.path) or not inside:
                     raise
                 rep.skipped, rep.notes = before  # a file skipped whole counts once, as a file: none of its
-                rep.skip_file(Path(spec.path), "unreadable_file")  # records (some were counted before it broke)
+                rep.skip_file(found, "unreadable_file")  # records (some were counted before it broke)
                 continue
             convs += file_convs
             specs += [spec] * len(file_convs)
