@@ -29,12 +29,15 @@ from typer.testing import CliRunner
 from critic_audit.cli import app
 from critic_audit.errors import InputError
 from critic_audit.io import ReadOptions, ReadReport
+from critic_audit.io.content import by_content, is_compressed
 from critic_audit.io.detect import claimants, claims_of, detect_file, resolve_inputs
+from critic_audit.io.formats import FORMATS
 from critic_audit.io.inputs import read_all
 
 from conftest import DATA
 
 _NO_ROW = {"LICENSE", "SOURCE.md", "README.md"}
+_ALL_SUFFIXES = tuple(sorted({s for f in FORMATS.values() for s in f.suffixes}, key=len, reverse=True))
 
 #: Every sample file of tests/data -> the format that reads it, ``skip:<reason>`` or ``companion``.
 SAMPLES: dict[str, str] = {
@@ -97,10 +100,18 @@ SAMPLES: dict[str, str] = {
     "prime_rl/outputs/token_exports/step_3/rank_0.jsonl": "prime_tokens",
     "prime_rl/outputs_v0/token_exports/rank_0.jsonl": "prime_tokens",
     "prime_rl_traces/make_samples.py": "skip:not_rollout_file",
-    "prime_rl_traces/episode_v2026_08_21/rollouts/step_2/train/all/traces.jsonl": "vf_traces",
+    # all/ beside effective/: the same episodes; a folder search reads effective/ (all/ when named)
+    "prime_rl_traces/episode_v2026_08_21/rollouts/step_2/train/all/traces.jsonl": "skip:prime_rl_all_beside_effective",
     "prime_rl_traces/episode_v2026_08_21/rollouts/step_2/train/effective/traces.jsonl": "vf_traces",
     "prime_rl_traces/trace_v2026_08_15/rollouts/step_1/train/effective/traces.jsonl": "vf_traces",
     "prime_rl_traces/rollout_v2026_07_09/rollouts/step_0/train/effective/traces.jsonl": "vf_traces",
+    "prime_rl_traces/stream_v2026_09_02/monitors/file/metrics.jsonl": "skip:prime_rl_metrics",
+    "prime_rl_traces/stream_v2026_09_02/monitors/file/traces/annotations/orchestrator.index.jsonl": "skip:prime_rl_trace_index",
+    "prime_rl_traces/stream_v2026_09_02/monitors/file/traces/annotations/orchestrator/00000.jsonl": "skip:prime_rl_trace_annotations",
+    "prime_rl_traces/stream_v2026_09_02/monitors/file/traces/live/t9.jsonl": "skip:prime_rl_live_trace",
+    "prime_rl_traces/stream_v2026_09_02/monitors/file/traces/stream.index.jsonl": "skip:prime_rl_trace_index",
+    "prime_rl_traces/stream_v2026_09_02/monitors/file/traces/stream/00000.jsonl.zst": "vf_traces",  # a sealed chunk: zstd, read by content
+    "prime_rl_traces/stream_v2026_09_02/monitors/file/traces/stream/00001.jsonl": "vf_traces",
     "sharegpt_llamafactory/glaive_toolcall_en_demo_first8.json": "chat",
     "swe/gpt4__swe-agent-test-repo__default_from_url__t-0.00__p-0.95__c-3.00__install-1/"
     "6e44b9__sweagenttestrepo-1c2844.traj": "swe",
@@ -143,9 +154,14 @@ def _folder_verdicts() -> dict[str, str]:
     or ``companion`` (neither read nor listed)."""
     rep = ReadReport()
     [res] = resolve_inputs([DATA], ReadOptions(lenient=True), rep)
-    out = {str(f.path.relative_to(DATA)): f.format for f in res.files}
+    out = {str((f.origin or f.path).relative_to(DATA)): f.format for f in res.files}  # origin: a compressed file
     out.update({str(Path(f["path"]).relative_to(DATA)): f"skip:{f['reason']}" for f in rep.skipped_file_list})
     return out
+
+
+def _as_read(path: Path) -> Path:
+    """A compressed sample's decompressed copy (the file the rules see: read by content), else ``path``."""
+    return by_content(path, _ALL_SUFFIXES) if is_compressed(path) else path
 
 
 def test_every_sample_has_a_row():
@@ -161,7 +177,7 @@ def test_confusion_matrix_has_an_empty_off_diagonal():
     for rel, want in SAMPLES.items():
         if want.startswith(("skip:", "companion")):
             continue
-        got = claimants(claims_of(DATA / rel))
+        got = claimants(claims_of(_as_read(DATA / rel)))
         for c in got or ["(none)"]:
             matrix[(want, c)] += 1
     off = {k: v for k, v in matrix.items() if k[0] != k[1]}
@@ -173,7 +189,7 @@ def test_confusion_matrix_has_an_empty_off_diagonal():
 @pytest.mark.parametrize("rel", sorted(SAMPLES))
 def test_each_sample_is_claimed_by_its_own_format(rel):
     want = SAMPLES[rel]
-    path = DATA / rel
+    path = _as_read(DATA / rel)
     if not want.startswith(("skip:", "companion")):
         assert claimants(claims_of(path)) == [want]
         assert detect_file(path) == want

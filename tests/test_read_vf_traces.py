@@ -24,6 +24,19 @@ VF = DATA / "prime_rl_traces"
 EPISODE = VF / "episode_v2026_08_21/rollouts/step_2/train"
 TRACE = VF / "trace_v2026_08_15/rollouts/step_1/train/effective/traces.jsonl"
 ROLLOUT = VF / "rollout_v2026_07_09/rollouts/step_0/train/effective/traces.jsonl"
+STREAM = VF / "stream_v2026_09_02"  # prime-rl >= 2026-09-02: monitors/file/traces/stream/<n>.jsonl[.zst]
+CHUNKS = STREAM / "monitors/file/traces/stream"
+
+
+def _text(path: Path) -> str:
+    """The file's text; a ``.zst`` chunk decompressed across all its frames (the seek table's skippable
+    frame yields nothing)."""
+    if path.suffix != ".zst":
+        return path.read_text()
+    import zstandard
+
+    with path.open("rb") as fh:
+        return zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True).read().decode()
 
 
 def _sequences(path, opts):
@@ -40,7 +53,7 @@ def _oracle(path: Path) -> list[dict]:
     parent; tokens, mask, sampled log-probs and turns along the leaf's root path; reward = sum of
     score * weight (or the plain float) over non-null rewards."""
     out = []
-    for line in path.read_text().splitlines():
+    for line in _text(path).splitlines():
         rec = json.loads(line)
         traces = rec["traces"] if "traces" in rec else [rec]
         for t in traces:
@@ -117,6 +130,8 @@ def test_all_file_errored_episodes_strict_and_no_reward():
     assert rep.skipped == {"episode_without_traces": 1} and "SandboxError" in rep.examples["episode_without_traces"]
     assert rep.notes["vf_trace_without_rewards"] == 1
     assert rep.notes["vf_traces_step_has_all_and_effective (the same episodes in both: read one subset)"] == 1
+    # effective/ read alone: no note (all/ beside it is not read)
+    assert not _sequences(EPISODE / "effective/traces.jsonl", ReadOptions())[1].notes
     # lenient: the unscored episode is skipped and counted too
     seqs, rep = _sequences(f, ReadOptions(lenient=True))
     assert len(seqs) == 5 and rep.skipped == {"missing_reward": 1, "episode_without_traces": 1}
@@ -231,3 +246,76 @@ def _oracle_messages(rows):
             tid = f"{r['id']}/{r['traces'][0]['id']}" + (f"/b{k}" if len(leaves) > 1 else "")
             out.append((tid, roles))
     return out
+
+
+def test_the_chunked_stream_is_read_token_exact_sealed_and_live():
+    """prime-rl's trace stream (#3444, #3465): a sealed chunk (zstd, seekable frames of 700 bytes here,
+    lines spanning frames, the seek table in a skippable frame) and the live plain chunk; the index,
+    annotations, live deltas and metrics beside them are passed over by name."""
+    seqs, rep = _sequences(STREAM, ReadOptions())
+    want = _oracle(CHUNKS / "00000.jsonl.zst") + _oracle(CHUNKS / "00001.jsonl")
+    assert [s.trajectory_id for s in seqs] == [w["id"] for w in want] == ["e0/t0", "e1/t1", "e2/t2", "e3/t3/b0",
+                                                                         "e3/t3/b1"]
+    for s, w in zip(seqs, want):
+        assert s.token_ids.tolist() == w["ids"] and s.response_mask.tolist() == w["mask"]
+        assert s.reward == pytest.approx(w["reward"])
+    assert [s.checkpoint for s in seqs] == ["3", "3", "3", "4", "4"]  # run.work.step of each episode
+    assert {s.source for s in seqs} == {"stream"}
+    assert rep.skipped == {"episode_without_traces": 1}  # e4 failed before any trace
+    assert rep.skipped_files == {"prime_rl_trace_index": 2, "prime_rl_trace_annotations": 1,
+                                 "prime_rl_live_trace": 1, "prime_rl_metrics": 1}
+
+
+def test_a_sealed_chunk_names_itself_in_errors_and_keeps_its_place(tmp_path):
+    """A bad line inside a .zst chunk: the error names the .zst file (not its decompressed copy in a
+    temporary folder), the line and the fix. A user-compressed rollouts/step_0/... file keeps the step of
+    its folder (the 2026-07-09 train rows carry none)."""
+    import zstandard
+
+    d = tmp_path / "run/monitors/file/traces/stream"
+    d.mkdir(parents=True)
+    lines = _text(CHUNKS / "00000.jsonl.zst").splitlines()
+    rec = json.loads(lines[1])
+    rec["traces"][0]["nodes"][2]["mask"].pop()
+    lines[1] = json.dumps(rec)
+    (d / "00000.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(("\n".join(lines) + "\n").encode()))
+    res = CliRunner().invoke(app, ["check", str(tmp_path / "run")])
+    err = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == 1 and len(err) == 1, res.output
+    assert err[0].startswith(f"error: {d / '00000.jsonl.zst'}: record 1 (line 2): ") and "write token_ids and mask" in err[0]
+    assert "critic-audit-in-" not in res.stderr
+    step0 = tmp_path / "r/rollouts/step_0/train/effective"
+    step0.mkdir(parents=True)
+    (step0 / "traces.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(ROLLOUT.read_bytes()))
+    seqs, rep = _sequences(tmp_path / "r", ReadOptions())
+    assert [s.checkpoint for s in seqs] == ["0", "0", "0"] and {s.source for s in seqs} == {"train/effective"}
+
+
+def test_a_sealed_chunk_without_zstandard_is_one_line(tmp_path, monkeypatch):
+    import sys
+
+    shutil.copytree(STREAM, tmp_path / "run")
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # not installed
+    with pytest.raises(InputError) as e:
+        _sequences(tmp_path / "run", ReadOptions())
+    assert str(e.value) == (f"{tmp_path / 'run/monitors/file/traces/stream/00000.jsonl.zst'}: zstd-compressed file "
+                            "(the zstandard package is not installed) (fix: decompress it, pass <(zstd -dc FILE), or "
+                            "pip install zstandard)")
+
+
+def test_all_beside_effective_a_folder_reads_effective_and_both_named_is_refused():
+    """rollouts/step_2/train holds all/ and effective/ (the same 4 episodes, all/ 2 more): a folder
+    search reads effective/ (the shipped cohort) and counts all/ as skipped (was: both read, refused as
+    two copies, or under --lenient every shipped episode counted twice); all/ named alone is read;
+    both named: one line saying which to pass."""
+    seqs, rep = _sequences(EPISODE, ReadOptions())
+    assert [s.trajectory_id for s in seqs] == ["e0/t0", "e1/t1", "e2/t2", "e3/t3/b0", "e3/t3/b1"]
+    assert rep.skipped_files == {"prime_rl_all_beside_effective": 1}
+    seqs, rep = _sequences(EPISODE / "all", ReadOptions(require_reward=False))
+    assert len(seqs) == 6 and not rep.skipped_files
+    res = CliRunner().invoke(app, ["check", str(EPISODE / "all"), str(EPISODE / "effective")])
+    err = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == 1 and err == [
+        f"error: {EPISODE / 'all/traces.jsonl'}: holds the same episodes as {EPISODE / 'effective/traces.jsonl'} "
+        "(two subsets of one export, both given) (fix: pass one of them: effective/ (the cohort the trainer "
+        "learned from; what a folder search reads) or all/ (every arrival, errored episodes included))"], res.output

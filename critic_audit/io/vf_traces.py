@@ -52,7 +52,7 @@ from critic_audit.io.records import (
 )
 
 __all__ = ["sniff_record", "read_file", "iter_sequences", "is_episode", "is_trace", "collection_of", "rollouts_in",
-           "file_kind"]
+           "file_kind", "skip_reason", "skip_in_folder", "same_episodes_as"]
 
 #: Groups are named after the producer's group / task id, scoped per file (``all`` and ``effective`` hold
 #: the same episodes: one file's group is never merged with another's).
@@ -88,6 +88,79 @@ def collection_of(path: Path, root: Path) -> str:
     if sub.parent.parent.name.startswith("step_") and sub.parent.parent.parent.name == "rollouts":
         return f"{sub.parent.name}/{sub.name}"
     return sub.name or path.stem
+
+
+def _plain_name(path: Path) -> str:
+    """The file name without a compression suffix (``00000.jsonl.zst`` -> ``00000.jsonl``)."""
+    from critic_audit.io.content import strip_compression_suffix
+
+    return strip_compression_suffix(path.name)
+
+
+def skip_reason(path: Path) -> str | None:
+    """prime-rl's file-monitor files beside the episode stream (``<run>/monitors/file/traces/``, since
+    2026-08-31) that hold no episode, by their place (no file is opened):
+
+    * ``prime_rl_trace_index``: ``stream.index.jsonl`` / ``annotations/<producer>.index.jsonl``, one
+      summary row per episode or update (offsets into the stream);
+    * ``prime_rl_trace_annotations``: ``annotations/<producer>/<n>.jsonl[.zst]`` (or
+      ``annotations/<producer>.jsonl``), updates folded onto traces after they arrived (the shipped
+      cohort, trainer per-token streams): not read;
+    * ``prime_rl_live_trace``: ``live/<trace id>.jsonl``, deltas of a rollout still in flight;
+    * ``prime_rl_metrics``: ``monitors/file/metrics.jsonl``, the run's metric rows;
+    * ``prime_rl_chunk_being_sealed``: ``<n>.jsonl.zst.tmp``, a chunk's compressed twin being written
+      (its plain chunk is still there).
+    """
+    parts = list(Path(path).parts[-5:-1][::-1])  # the nearest 4 folder names, nearest first
+    if path.name == "metrics.jsonl" and parts[:2] == ["file", "monitors"]:
+        return "prime_rl_metrics"
+    if "traces" not in parts:
+        return None
+    name = path.name.lower()
+    if name.endswith(".tmp") and ".zst" in name:
+        return "prime_rl_chunk_being_sealed"
+    if _plain_name(path).lower().endswith(".index.jsonl") and parts[0] in ("traces", "annotations"):
+        return "prime_rl_trace_index"
+    at = parts.index("traces")
+    if at >= 1 and parts[at - 1] == "annotations":
+        return "prime_rl_trace_annotations"
+    if at >= 1 and parts[at - 1] == "live":
+        return "prime_rl_live_trace"
+    return None
+
+
+def skip_in_folder(path: Path, root: Path) -> str | None:
+    """Files the search of folder ``root`` leaves out (each is read when named on its own):
+
+    * ``prime_rl_all_beside_effective``: ``rollouts/step_N/<kind>/all/traces.jsonl`` when ``effective/``
+      beside it holds the same file, and the search covers both (``root`` above ``all/``; the folder
+      ``all/`` itself is read). ``all/`` is every episode that arrived (errored, filtered and
+      never-batched ones included), ``effective/`` the clean cohort shipped to the trainer, a subset of
+      the same episodes: the audit reads the cohort the trainer (and the critic) learned from, as
+      prime-rl's own platform upload and W&B distributions do. Point at ``all/`` to audit every arrival.
+    * ``prime_rl_chunk_sealed_twin``: a stream chunk ``<n>.jsonl.zst`` whose plain ``<n>.jsonl`` is
+      still there (sealing finished but had not removed the plain file): the same lines twice.
+    """
+    twin = same_episodes_as(path)
+    if twin is not None and Path(root) in twin[0].parents:
+        return "prime_rl_all_beside_effective"
+    if re.fullmatch(r"\d+\.jsonl\.zst", path.name) and path.with_name(path.name[:-4]).is_file():
+        return "prime_rl_chunk_sealed_twin"
+    return None
+
+
+def same_episodes_as(path: Path) -> tuple[Path, str] | None:
+    """For prime-rl's ``<kind>/all/<file>``: its ``<kind>/effective/<file>`` (plain or compressed) when
+    there, with the one-line fix for reading both (the same episodes twice); else None."""
+    if path.parent.name != "all":
+        return None
+    effective = path.parent.parent / "effective"
+    plain = _plain_name(path)
+    for name in (plain, plain + ".zst", plain + ".gz"):
+        if (effective / name).is_file():
+            return effective / name, ("pass one of them: effective/ (the cohort the trainer learned from; what a "
+                                      "folder search reads) or all/ (every arrival, errored episodes included)")
+    return None
 
 
 def _path_step(path: Path) -> int | None:
@@ -378,10 +451,10 @@ def file_kind(path: Path, options: ReadOptions) -> str:
 
 
 def _records(spec: Any, options: ReadOptions, report: ReadReport, text: bool) -> Iterator[Any]:
-    path_step = _path_step(spec.path)
-    sub = spec.path.parent
-    other = {"all": "effective", "effective": "all"}.get(sub.name)
-    if other is not None and (sub.parent / other / spec.path.name).is_file():
+    place = Path(getattr(spec, "origin", None) or spec.path)  # the user's file, not a decompressed copy
+    path_step = _path_step(place)
+    sub = place.parent
+    if same_episodes_as(place) is not None:  # all/ read by name, effective/ beside it
         report.notes["vf_traces_step_has_all_and_effective (the same episodes in both: read one subset)"] += 1
     records = iter_json_records(spec.path, _is_record, "verifiers v1 traces", options.lenient, report, spec.label)
     ids = IdRegistry()

@@ -120,6 +120,60 @@ def main():
         t["rewards"] = {"correct": rew}
         rows.append(t | {"kind": kind, "env_name": "gsm8k", "group_id": gid, "policy_version": pv, "eval_step": es})
     write("rollout_v2026_07_09/rollouts/step_0/train/effective/traces.jsonl", rows)
+    stream()
+
+
+def seekable_zstd(data, frame_bytes):
+    """zstd's seekable format as prime-rl seals a chunk (pyzstd.SeekableZstdFile, written here with the
+    zstandard package): independent frames of at most ``frame_bytes`` of content (a line may span two),
+    then the seek table in a skippable frame (one entry per frame: compressed size, content size; no
+    checksums), its footer: frame count, descriptor 0, magic 0x8F92EAB1."""
+    import struct
+
+    import zstandard
+
+    frames = [zstandard.ZstdCompressor(level=3).compress(data[i:i + frame_bytes]) for i in range(0, len(data), frame_bytes)]
+    table = b"".join(struct.pack("<II", len(f), min(frame_bytes, len(data) - i * frame_bytes)) for i, f in enumerate(frames))
+    table += struct.pack("<IBI", len(frames), 0, 0x8F92EAB1)
+    return b"".join(frames) + struct.pack("<II", 0x184D2A5E, len(table)) + table
+
+
+def stream():
+    """prime-rl >= 2026-09-02 (#3444 trace stream, #3465 chunks): every episode once, in arrival order, in
+    monitors/file/traces/stream/<n>.jsonl chunks (a full chunk sealed as <n>.jsonl.zst, the live one
+    plain), an index row per episode beside it (stream.index.jsonl), per-producer annotation streams
+    (annotations/<producer>/<n>.jsonl + <producer>.index.jsonl), live deltas (live/<trace>.jsonl)."""
+    base = HERE / "stream_v2026_09_02/monitors/file"
+    eps = [episode("e0", "g0", 3, [single_turn("t0", "k0", [60, 61, 62], [-0.1, -0.2, -0.3], {"correct": r(1.0)})]),
+           episode("e1", "g0", 3, [single_turn("t1", "k0", [63, 64], [-0.4, -0.5], {"correct": r(0.0)})]),
+           episode("e2", "g1", 3, [tool_turns("t2", "k1", {"correct": r(1.0), "format": r(0.5, 0.2)}, None)]),
+           episode("e3", "g1", 4, [branching("t3", "k1", {"correct": r(0.0), "format": None})], policy=(3, 4)),
+           episode("e4", "g2", 4, [], ok=False, errors=[{"type": "SandboxError", "message": "sandbox died"}],
+                   policy=(3, 4))]
+    lines = [json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in eps]
+    (base / "traces/stream").mkdir(parents=True, exist_ok=True)
+    (base / "traces/stream/00000.jsonl.zst").write_bytes(seekable_zstd(b"".join(lines[:3]), 700))
+    (base / "traces/stream/00001.jsonl").write_bytes(b"".join(lines[3:]))
+    index, offsets = [], {0: 0, 1: 0}
+    for n, (e, line) in enumerate(zip(eps, lines), 1):
+        chunk = 0 if n <= 3 else 1
+        index.append({"line": n, "offset": offsets[chunk], "id": e["id"], "kind": "train",
+                      "trace_ids": [t["id"] for t in e["traces"]], "env": "gsm8k", "group": e["group"]["id"],
+                      "ok": e["ok"], "num_errors": len(e["errors"]), "reward": None, "advantage": None,
+                      "input_tokens": 0, "output_tokens": 0, "turns": 1, "branches": 1, "stop_condition": "answered",
+                      "truncated": False, "dispatch": None, "arrival": None, "duration": None, "cost": None,
+                      "chunk": chunk})
+        offsets[chunk] += len(line)
+    write("stream_v2026_09_02/monitors/file/traces/stream.index.jsonl", index)
+    ann = [{"version": 1, "trace_id": "t0", "info": {"advantage": 0.5}, "branches": [{"index": 0, "advantages": [None] * 7 + [0.5] * 3}]},
+           {"version": 1, "trace_id": "t1", "info": {"advantage": -0.5}, "branches": [{"index": 0, "advantages": [None] * 7 + [-0.5] * 2}]}]
+    write("stream_v2026_09_02/monitors/file/traces/annotations/orchestrator/00000.jsonl", ann)
+    write("stream_v2026_09_02/monitors/file/traces/annotations/orchestrator.index.jsonl",
+          [{"trace_id": a["trace_id"], "chunk": 0, "offset": 0, "info": a["info"]} for a in ann])
+    write("stream_v2026_09_02/monitors/file/traces/live/t9.jsonl",
+          [{"trace": "t9", "open": {"id": "t9"}, "dispatch": {"kind": "train", "env": "gsm8k", "step": 4}}])
+    write("stream_v2026_09_02/monitors/file/metrics.jsonl", [{"step": 3, "time": 1756800000.0, "producer": "orchestrator",
+                                                            "reward/mean": 0.5}])
 
 
 if __name__ == "__main__":
