@@ -298,9 +298,13 @@ def test_a_sealed_chunk_without_zstandard_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "zstandard", None)  # not installed
     with pytest.raises(InputError) as e:
         _sequences(tmp_path / "run", ReadOptions())
-    assert str(e.value) == (f"{tmp_path / 'run/monitors/file/traces/stream/00000.jsonl.zst'}: zstd-compressed file "
-                            "(the zstandard package is not installed) (fix: decompress it, pass <(zstd -dc FILE), or "
-                            "pip install zstandard)")
+    want = (f"{tmp_path / 'run/monitors/file/traces/stream/00000.jsonl.zst'}: zstd-compressed file "
+            "(the zstandard package is not installed) (fix: decompress it, pass <(zstd -dc FILE), or "
+            "pip install zstandard)")
+    assert str(e.value) == want
+    with pytest.raises(InputError) as e:  # --lenient does not skip it as unreadable: nothing is wrong with it
+        _sequences(tmp_path / "run", ReadOptions(lenient=True))
+    assert str(e.value) == want
 
 
 def test_all_beside_effective_a_folder_reads_effective_and_both_named_is_refused():

@@ -90,8 +90,10 @@ def _decompress(p: Path, magic: bytes) -> Path:
         try:
             import zstandard
         except ImportError:
-            raise InputError("zstd-compressed file (the zstandard package is not installed)", path=p,
-                             fix="decompress it, pass <(zstd -dc FILE), or pip install zstandard") from None
+            e = InputError("zstd-compressed file (the zstandard package is not installed)", path=p,
+                           fix="decompress it, pass <(zstd -dc FILE), or pip install zstandard")
+            e.reason = "zstandard_missing"  # type: ignore[attr-defined]  # not the file's fault: never skipped
+            raise e from None
         opener = zstandard.open
     out = _temp_folder() / str(next(_COUNT)) / name
     out.parent.mkdir()
