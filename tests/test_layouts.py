@@ -302,6 +302,44 @@ def test_padded_rows_are_read_column_wise_as_the_row_reader_reads_them(tmp_path,
     assert check_rollouts([p]).n_trajectories == check_rollouts([js]).n_trajectories == 6
 
 
+@pytest.mark.parametrize("case", ["plain", "late_key", "spaced_key", "late_float", "escaped_quote"])
+def test_jsonl_schema_from_the_first_lines_only_when_no_later_line_has_another_key(tmp_path, monkeypatch, case):
+    """A JSONL file of 130 rows: polars infers the schema from the first 100 lines only when the keys of
+    the file total 130 x the columns found there (one parse, ``plain``); a key that only line 121 holds
+    (``late_key``: kept, as the row reader keeps it), a key spaced from its colon or a string holding
+    an escaped quote before a colon (the count could be wrong), or a later line whose type differs
+    (``late_float``) take every line's schema. Every case gives the row reader's sequences."""
+    import json
+
+    import polars as pl
+
+    rows = _table("scalar_reward", n=130).to_pylist()
+    for r in rows:
+        r["step"], r["note"] = 3, "x"
+    if case == "late_key":
+        rows[120]["late"] = "only here"
+    elif case == "late_float":
+        rows[120]["step"] = 2.5
+    elif case == "escaped_quote":
+        rows[7]["note"] = 'say "a": b'
+    lines = [json.dumps(r) for r in rows]
+    if case == "spaced_key":
+        lines[120] = lines[120].replace('"note":', '"note" :')
+    jl, js = tmp_path / "rows.jsonl", tmp_path / "rows.json"
+    jl.write_text("".join(x + "\n" for x in lines))
+    js.write_text(json.dumps(rows))
+    inferred = []
+    read = pl.read_ndjson
+    monkeypatch.setattr(pl, "read_ndjson", lambda *a, **k: inferred.append(k.get("infer_schema_length")) or read(*a, **k))
+    rep = ReadReport()
+    got = list(iter_tokenized(jl, report=rep))
+    _same_sequences(got, list(iter_tokenized(js)))
+    assert inferred == ([100] if case == "plain" else [100, None])
+    assert rep.rows_read == ({"row_by_row": 130} if case == "late_key" else {"columnar": 130})
+    if case == "late_key":
+        assert got[120].metadata["late"] == "only here" and "late" not in got[119].metadata
+
+
 def test_step_rows_are_read_as_arrays_as_the_row_reader_reads_them(tmp_path):
     """Parquet step rows (one row per model call) read with their token lists as numpy views give the
     same rollouts as the same rows as a JSON array; a prompt that does not extend is still named."""

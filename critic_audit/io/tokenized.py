@@ -618,8 +618,6 @@ def _jsonl_columnar_rows(data: bytes, file: Path, first: int, label: str, token_
     surrogate escape, does not parse, holds a per-row field that is not a plain string, number or
     boolean (nested objects), or a field that some line lacks or holds as null (polars reads both as
     null), so that each row's fields are exactly what ``json.loads`` gives."""
-    import io
-
     import pyarrow as pa
 
     if not data or _irregular_jsonl(data):
@@ -628,7 +626,7 @@ def _jsonl_columnar_rows(data: bytes, file: Path, first: int, label: str, token_
     if not _plain_row(data[:data.find(b"\n")] if lines > 1 else data):
         return None  # known from the first line: not worth parsing the piece twice
     try:
-        table = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None).to_arrow()
+        table = _ndjson_table(data, lines)
     except (KeyboardInterrupt, SystemExit, MemoryError):
         raise
     except BaseException:  # noqa: BLE001 - polars' errors (and its PanicException): the row reader names them
@@ -646,6 +644,64 @@ def _jsonl_columnar_rows(data: bytes, file: Path, first: int, label: str, token_
     if any(c in table.column_names for c in _STEP_COLUMNS[:2]):
         return _batch_rows(table, lambda t, k: _array_rows(t))
     return _batch_rows(table, lambda t, k: _columnar_rows(t, file, first + k, label, token_arrays=token_arrays))
+
+
+#: lines of a JSONL piece polars infers the schema from when :func:`_key_count` shows that no later line
+#: holds another key (every line's schema is otherwise inferred: a second parse of the whole piece)
+_INFER_LINES = 100
+
+
+def _ndjson_table(data: bytes, lines: int) -> Any:
+    """polars' Arrow table of the JSONL piece ``data`` (``lines`` lines, one object each). The schema
+    comes from the first :data:`_INFER_LINES` lines when the keys of ``data`` (:func:`_key_count`)
+    total ``lines`` x the columns found there: a key that only later lines hold would be dropped
+    without a word, and a line missing a key reads as a null, which the caller refuses. Otherwise (or
+    when a later line does not fit the first lines' types, as an integer column turning float) from
+    every line, as before: a second parse of the piece, about as long as the read itself.
+
+    Raises:
+        polars' errors on text that is not JSON lines of objects."""
+    import io
+
+    if lines > _INFER_LINES:
+        try:
+            table = pl.read_ndjson(io.BytesIO(data), infer_schema_length=_INFER_LINES)
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except BaseException:  # noqa: BLE001 - a later line's type differs: every line's schema decides
+            table = None
+        if table is not None and _key_count(data) == lines * table.width:
+            return table.to_arrow()
+    return pl.read_ndjson(io.BytesIO(data), infer_schema_length=None).to_arrow()
+
+
+def _key_count(data: bytes, block: int = 1 << 24) -> int | None:
+    """The object keys in the JSON text ``data``: its quotes directly followed by a colon (inside a
+    JSON string a quote is escaped, so such a quote closes a key), found with numpy block by block;
+    None when that count could miss a key or count one too many: a quote followed by blank space and
+    then a colon (``"key" : 1``), or an escaped quote before a colon (``\\":`` inside a string, or a key
+    ending in a backslash)."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    n, total = len(arr), 0
+    for lo in range(0, n, block):
+        q = np.flatnonzero(arr[lo:lo + block] == 34) + lo  # '"'
+        nxt = arr[np.minimum(q + 1, n - 1)]
+        nxt[q + 1 >= n] = 0
+        colon = nxt == 58  # ':'
+        if (colon & (arr[np.maximum(q - 1, 0)] == 92)).any():  # '\\' before the quote
+            return None
+        spaced = q[(nxt == 32) | (nxt == 9) | (nxt == 13)]
+        for k in range(2, 10):  # the first byte after the blank space
+            if not spaced.size:
+                break
+            at = arr[np.minimum(spaced + k, n - 1)]
+            if ((at == 58) & (spaced + k < n)).any():
+                return None
+            spaced = spaced[((at == 32) | (at == 9) | (at == 13)) & (spaced + k < n)]
+        if spaced.size:  # a longer run of blank space after a quote: not told apart here
+            return None
+        total += int(colon.sum())
+    return total
 
 
 #: a value polars' JSON reader may have turned into text: a boolean or number of a column that holds
