@@ -340,6 +340,25 @@ def test_jsonl_schema_from_the_first_lines_only_when_no_later_line_has_another_k
         assert got[120].metadata["late"] == "only here" and "late" not in got[119].metadata
 
 
+@pytest.mark.parametrize("tail", ["", "\n", "\r\n", "\n\n \t\r\n", " " * 70_000 + "\n"])
+@pytest.mark.parametrize("bom", [False, True])
+def test_jsonl_blank_space_at_the_end_is_not_read(tmp_path, tail, bom):
+    """The blank space a JSONL file ends with (none, LF, CR LF, blank lines, more than one 64 KiB block
+    of it), after a byte order mark or not, shifts no row: the rows read column-wise, as the row
+    reader reads them; a file of only blank space holds no row."""
+    import json
+
+    rows = _table("scalar_reward").to_pylist()
+    jl, js = tmp_path / "rows.jsonl", tmp_path / "rows.json"
+    jl.write_bytes((b"\xef\xbb\xbf" if bom else b"") + "\n".join(json.dumps(r) for r in rows).encode() + tail.encode())
+    js.write_text(json.dumps(rows))
+    rep = ReadReport()
+    _same_sequences(list(iter_tokenized(jl, report=rep)), list(iter_tokenized(js)))
+    assert rep.rows_read == {"columnar": 8}
+    jl.write_bytes((b"\xef\xbb\xbf" if bom else b"") + tail.encode())
+    assert list(iter_tokenized(jl, options=ReadOptions(lenient=True))) == []
+
+
 def test_step_rows_are_read_as_arrays_as_the_row_reader_reads_them(tmp_path):
     """Parquet step rows (one row per model call) read with their token lists as numpy views give the
     same rollouts as the same rows as a JSON array; a prompt that does not extend is still named."""

@@ -592,12 +592,20 @@ def _jsonl_pieces(file: Path, size: int) -> Iterator[bytes]:
         OSError: the file cannot be read.
     """
     with file.open("rb") as fh:
-        buf = fh.read(max(size, 3))
+        left = _content_end(fh)  # (the blank space at the end is never read: no copy of the last piece to cut it)
+
+        def read(k: int) -> bytes:
+            nonlocal left
+            got = fh.read(min(k, left))
+            left -= len(got)
+            return got
+
+        buf = read(max(size, 3))
         buf = buf[3:] if buf.startswith(b"\xef\xbb\xbf") else buf
         while True:
-            more = fh.read(size)
+            more = read(size)
             if not more:
-                buf = buf.rstrip(b" \t\r\n")  # blank lines at the end shift no row
+                buf = buf.rstrip(b" \t\r\n")  # blank lines at the end shift no row (after a BOM: the same object)
                 if buf:
                     yield buf
                 return
@@ -608,6 +616,24 @@ def _jsonl_pieces(file: Path, size: int) -> Iterator[bytes]:
             piece, buf = buf[:cut - 1 if cut and buf[cut - 1] == 13 else cut], buf[cut + 1:] + more  # (CR LF)
             yield piece
             del piece
+
+
+def _content_end(fh: Any, block: int = 1 << 16) -> int:
+    """The bytes of the open binary file ``fh`` before the blank space (spaces, tabs, CR, LF) it ends
+    with, read from its end; ``fh`` is left at its start.
+
+    Raises:
+        OSError: the file cannot be read or is not seekable."""
+    end = fh.seek(0, 2)
+    while end > 0:
+        lo = max(0, end - block)
+        fh.seek(lo)
+        kept = len(fh.read(end - lo).rstrip(b" \t\r\n"))
+        end = lo + kept
+        if kept:
+            break
+    fh.seek(0)
+    return end
 
 
 def _jsonl_columnar_rows(data: bytes, file: Path, first: int, label: str, token_arrays: bool) -> list[Any] | None:
