@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,10 @@ def _typed(summary: AuditSummary | dict[str, Any]) -> AuditSummary:
 
 def render_plots(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_trajectory: pl.DataFrame, *,
                  box_by: str | None = None, summary: AuditSummary | dict[str, Any] | None = None,
-                 turns: pl.DataFrame | None = None, steps: Any = None) -> list[str]:
-    """Write every plot (PNG and SVG) under ``folder/plots``; returns the stems written.
+                 turns: pl.DataFrame | None = None, steps: Any = None,
+                 stems: Collection[str] | None = None) -> list[str]:
+    """Write every plot (PNG and SVG) under ``folder/plots``, or only those named in ``stems``; returns
+    the stems written, in :data:`PLOTS` order.
 
     With a ``summary`` holding several checkpoints, also ``eta2_ev_by_checkpoint``. A streamed audit
     passes its aggregates: ``tokens`` then holds only the traced trajectories' tokens, ``turns`` the
@@ -71,6 +74,8 @@ def render_plots(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_trajecto
         makers["eta2_ev_by_checkpoint"] = lambda: P.plot_eta2_ev_by_checkpoint(by_ckpt, out / "eta2_ev_by_checkpoint")
     written = []
     for stem, make in makers.items():
+        if stems is not None and stem not in stems:
+            continue
         plt.close(make())
         written.append(stem)
     return written
@@ -480,7 +485,13 @@ def render_folder(folder: Path, tokens: pl.DataFrame | pl.LazyFrame, per_traject
     ``turns`` and ``steps``: a streamed audit's aggregates (:func:`render_plots`)."""
     summary = _typed(summary)
     stems = render_plots(folder, tokens, per_trajectory, summary=summary, turns=turns, steps=steps)
-    md = report_markdown(summary, stems)
+    write_reports(folder, summary, stems)
+
+
+def write_reports(folder: Path, summary: AuditSummary | dict[str, Any], stems: list[str]) -> None:
+    """Write ``report.md`` and ``report.html`` into ``folder``, whose ``plots/`` holds the plots ``stems``
+    (as :func:`render_plots` returned them; the HTML embeds their PNGs)."""
+    md = report_markdown(_typed(summary), stems)
     (folder / "report.md").write_text(md)
     (folder / "report.html").write_text(report_html(md, folder))
 

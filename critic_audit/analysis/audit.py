@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -352,7 +352,8 @@ QUALITY_SUMS = {"quality_n_tokens": "_qn", "quality_err_mean": "_qem", "quality_
 def audit_from_sums(trajectories: pl.DataFrame, sums: np.ndarray, quality: np.ndarray,
                     config: AuditConfig = AuditConfig(), *, pre_excluded: dict[str, str] | None = None,
                     fitted_ids: Collection[str] | None = None,
-                    truncation: Truncation | Mapping[str, Any] | None = None) -> AuditResult:
+                    truncation: Truncation | Mapping[str, Any] | None = None,
+                    ready: Callable[[pl.DataFrame], None] | None = None) -> AuditResult:
     """:func:`audit` from per-trajectory sufficient statistics instead of the tokens table (a streamed
     audit: :class:`critic_audit.analysis.stream.AuditStream`).
 
@@ -363,6 +364,9 @@ def audit_from_sums(trajectories: pl.DataFrame, sums: np.ndarray, quality: np.nd
         quality: (B, 3) float64: policy tokens with a reward, mean and sum of squared deviations of
             ``reward - value`` over them (NaN without a reward or tokens).
         config, pre_excluded, fitted_ids, truncation: as :func:`audit`.
+        ready: called with the per-trajectory table (the result's ``per_trajectory``) as soon as it is
+            complete, before the summary's intervals and gates are computed (a streamed ``analyze``
+            starts drawing its plots then, in another process).
 
     Returns:
         :class:`AuditResult`, its summary identical to :func:`audit`'s on the same tokens; the
@@ -373,7 +377,7 @@ def audit_from_sums(trajectories: pl.DataFrame, sums: np.ndarray, quality: np.nd
     per = pl.concat([trajectories, statistics_frame(sums)], how="horizontal")
     per = per.with_columns([pl.Series(name, quality[:, i], dtype=pl.Float64).fill_nan(None)
                             for i, name in enumerate(QUALITY_SUMS.values())])
-    return _finish(per, config, pre_excluded, None, fitted_ids, truncation)
+    return _finish(per, config, pre_excluded, None, fitted_ids, truncation, ready=ready)
 
 
 def audit_from_table(per: pl.DataFrame, config: AuditConfig = AuditConfig(), *,
@@ -395,8 +399,9 @@ def audit_from_table(per: pl.DataFrame, config: AuditConfig = AuditConfig(), *,
 
 def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str] | None, tokens: pl.LazyFrame | None,
             fitted_ids: Collection[str] | None, truncation: Truncation | Mapping[str, Any] | None,
-            sampled: bool = False) -> AuditResult:
-    """Exclusions before scoring, turn buckets, and the summary, from the per-trajectory table."""
+            sampled: bool = False, ready: Callable[[pl.DataFrame], None] | None = None) -> AuditResult:
+    """Exclusions before scoring, turn buckets, and the summary, from the per-trajectory table
+    (``ready``: called with the completed table before the summary is computed)."""
     pre = pre_excluded or {}
     if pre:
         pre_df = pl.DataFrame({"trajectory_id": list(pre), "_pre": list(pre.values())},
@@ -407,6 +412,8 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
         turn_bucket=pl.col("num_turns").map_elements(lambda k: _bucket_label(int(k), config.turn_buckets),
                                                       return_dtype=pl.String)
     )
+    if ready is not None:
+        ready(per)
     tr = truncation if truncation is None or isinstance(truncation, Truncation) else Truncation.from_dict(truncation)
     inc = per.filter(pl.col("excluded").is_null())
     whole = _group_stats(per, config)

@@ -593,19 +593,31 @@ def _try_stream(inputs: Sequence[str | Path], out_dir: Path, scorings: list[Scor
         return None
     check_side_summaries(list(dict.fromkeys(x.input for x in parts)), lenient=read_options.lenient, report=plan_report)
     _, _, _, truncation, carried = _table_parts([(p, None, None, {}) for p in dict.fromkeys(x.input for x in parts)])
-    run = S.run_stream(parts, audit_config, truncation=truncation, options=read_options, report=plan_report,
-                       keep_tokens=keep_tokens)
-    plan_report.records_read = run.result.per_trajectory.height  # as read_all counts table inputs
-    run.result = run.result.with_summary(template_system=next((c["template_system"] for c in carried
-                                                                if c.get("template_system")), None))
-    return _write_streamed(inputs, out_dir, run, carried, config_for(resolved), plots=plots, keep_tokens=keep_tokens,
-                           overwrite=overwrite, t0=t0, report=plan_report)
+    from critic_audit.plot_process import start_plot_process
+
+    plotter = start_plot_process() if plots else None  # draws the plots while the summary is computed
+    try:
+        ready = None if plotter is None else (
+            lambda per, traces, turns, steps: plotter.draw(traces, per, turns=turns, steps=steps))
+        run = S.run_stream(parts, audit_config, truncation=truncation, options=read_options, report=plan_report,
+                           keep_tokens=keep_tokens, ready=ready)
+        plan_report.records_read = run.result.per_trajectory.height  # as read_all counts table inputs
+        run.result = run.result.with_summary(template_system=next((c["template_system"] for c in carried
+                                                                    if c.get("template_system")), None))
+        return _write_streamed(inputs, out_dir, run, carried, config_for(resolved), plots=plots,
+                               keep_tokens=keep_tokens, overwrite=overwrite, t0=t0, report=plan_report,
+                               plotter=plotter)
+    finally:
+        if plotter is not None:
+            plotter.close()
 
 
 def _write_streamed(inputs: Sequence[str | Path], out_dir: Path, run: Any, carried: list[dict[str, Any]],
                     base_config: dict[str, Any], *, plots: bool, keep_tokens: bool, overwrite: bool, t0: float,
-                    report: ReadReport) -> AnalyzeOutcome:
-    """Write a streamed audit's folder (:func:`critic_audit.pipeline.stream.write_stream_files`)."""
+                    report: ReadReport, plotter: Any = None) -> AnalyzeOutcome:
+    """Write a streamed audit's folder (:func:`critic_audit.pipeline.stream.write_stream_files`); the
+    plots come from ``plotter`` (a :class:`critic_audit.plot_process.PlotProcess` already drawing them)
+    when it has them in hand, else they are drawn here."""
     from critic_audit.pipeline.stream import write_stream_files
 
     result = run.result
@@ -620,7 +632,14 @@ def _write_streamed(inputs: Sequence[str | Path], out_dir: Path, run: Any, carri
         write_summary(tmp / "summary.json", summary)
         write_json(tmp / "config.json", config)
         write_stream_files(tmp, run, keep_tokens=keep_tokens)
-        if plots:
+        if plots and plotter is not None and plotter.jobs:
+            from critic_audit.report import write_reports
+
+            if len(summary.by_checkpoint or {}) > 1:  # the one plot drawn from the summary
+                plotter.draw(run.traces.clear(), result.per_trajectory.clear(), summary=summary,
+                             stems=["eta2_ev_by_checkpoint"])
+            write_reports(tmp, summary, plotter.collect(tmp))
+        elif plots:
             from critic_audit.report import render_folder
 
             render_folder(tmp, run.traces, result.per_trajectory, summary, turns=run.turns, steps=run.steps)

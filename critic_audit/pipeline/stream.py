@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,14 +202,22 @@ def _stream_rows(part: StreamPart, stream: AuditStream, options: ReadOptions, re
     return pl.concat(trajs, how="vertical") if trajs else sequences_to_tables([])[0]
 
 
+#: ``ready(per_trajectory, traces, turns, steps)``: a streamed audit's plot inputs, complete before its summary
+Ready = Callable[[pl.DataFrame, pl.DataFrame, pl.DataFrame, StepHistogram], None]
+
+
 def run_stream(parts: list[StreamPart], config: AuditConfig, *, batch_rows: int = 1 << 20,
                truncation: Truncation | None = None, options: ReadOptions | None = None,
-               report: ReadReport | None = None, keep_tokens: bool = False) -> StreamedAudit:
+               report: ReadReport | None = None, keep_tokens: bool = False,
+               ready: Ready | None = None) -> StreamedAudit:
     """Audit ``parts`` streamed (module docstring): trajectories first, then every tokens file in
-    batches of ``batch_rows`` rows, then the summary and the value-trace tokens. ``keep_tokens``: a
+    batches of ``batch_rows`` rows, then the value-trace tokens and the summary. ``keep_tokens``: a
     tokenized-rows part also writes its canonical token rows as it converts them
     (:attr:`StreamedAudit.kept_tokens`, a temporary file that :func:`write_stream_files` moves into the
-    folder; removed at exit otherwise).
+    folder; removed at exit otherwise). ``ready``: called with what the plots draw (the per-trajectory
+    table, the value-trace tokens, the turn means, the step histogram: :data:`Ready`) as soon as they
+    are complete, before the summary's intervals and gates are computed (``analyze`` draws the plots in
+    another process meanwhile).
 
     Raises:
         InputError, SchemaError: an unreadable file, a table that breaks its schema, token rows of a
@@ -227,7 +235,7 @@ def run_stream(parts: list[StreamPart], config: AuditConfig, *, batch_rows: int 
             spill = Path(tmp) / "policy_tokens.arrow"
             trajectories = _stream_rows(parts[0], stream, options or ReadOptions(),
                                         report if report is not None else ReadReport(), spill, keep)
-            run = _finish_stream(stream, trajectories, parts, config, {}, truncation, spill)
+            run = _finish_stream(stream, trajectories, parts, config, {}, truncation, spill, ready)
             return dataclasses.replace(run, options=options or ReadOptions(), kept_tokens=keep)
     trajs, pre = [], {}
     for part in parts:
@@ -241,7 +249,7 @@ def run_stream(parts: list[StreamPart], config: AuditConfig, *, batch_rows: int 
     batches = (b for k, part in enumerate(parts) for b in file_batches(part.tokens, cols, batch_rows, part=k))
     for rb, path, row0, k in read_ahead(batches):
         stream.add_tokens(rb, path, row0, part=k)
-    return _finish_stream(stream, trajectories, parts, config, pre, truncation, None)
+    return _finish_stream(stream, trajectories, parts, config, pre, truncation, None, ready)
 
 
 def _kept_tokens_file() -> Path:
@@ -275,22 +283,29 @@ def read_ahead(items: Iterator[Any]) -> Iterator[Any]:
 
 def _finish_stream(stream: AuditStream, trajectories: pl.DataFrame, parts: list[StreamPart], config: AuditConfig,
                    pre: dict[str, str], truncation: Truncation | None,
-                   spill: Path | None = None) -> StreamedAudit:
-    """The audit of a fed stream: summary, turn means, value-trace tokens (from ``spill``, the policy
-    tokens :func:`_stream_rows` wrote, when given; else read again from the tokens files)."""
+                   spill: Path | None = None, ready: Ready | None = None) -> StreamedAudit:
+    """The audit of a fed stream: turn means, value-trace tokens (from ``spill``, the policy tokens
+    :func:`_stream_rows` wrote, when given; else read again from the tokens files), then ``ready`` with
+    them (:func:`run_stream`) and the summary."""
     out = stream.finish()
-    result = audit_from_sums(trajectories, out["sums"], out["quality"], config, pre_excluded=pre,
-                             truncation=truncation)
     rows, turn, n, mean = out["turns"]
     ids = trajectories["trajectory_id"]
     turns = pl.DataFrame({"trajectory_id": ids.gather(rows) if rows.size else ids.clear(),
                           "turn": pl.Series(turn, dtype=pl.Int32), "n_tokens": pl.Series(n, dtype=pl.Int64),
                           "mean_value": pl.Series(mean, dtype=pl.Float64)}).sort("trajectory_id", "turn")
-    if spill is not None:
-        traces = _spilled_traces(result.per_trajectory, spill)
-    else:
-        traces = trace_tokens(result.per_trajectory, [p.tokens for p in parts], out["part"])
-    return StreamedAudit(result, turns, out["steps"], traces, parts, pre)
+    traced: list[pl.DataFrame] = []
+
+    def table_ready(per: pl.DataFrame) -> None:  # the traces depend on the per-trajectory table alone
+        if spill is not None:
+            traced.append(_spilled_traces(per, spill))
+        else:
+            traced.append(trace_tokens(per, [p.tokens for p in parts], out["part"]))
+        if ready is not None:
+            ready(per, traced[0], turns, out["steps"])
+
+    result = audit_from_sums(trajectories, out["sums"], out["quality"], config, pre_excluded=pre,
+                             truncation=truncation, ready=table_ready)
+    return StreamedAudit(result, turns, out["steps"], traced[0], parts, pre)
 
 
 def _spilled_traces(per: pl.DataFrame, spill: Path) -> pl.DataFrame:
