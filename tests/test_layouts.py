@@ -58,25 +58,49 @@ def _table(layout: str, n: int = 8) -> pa.Table:
 
 
 LAYOUTS = ("scalar_reward", "token_reward", "both_rewards", "float64", "int32_leftpad", "large_list",
-           "nulls_off_mask", "one_row_group")
+           "nulls_off_mask", "one_row_group", "jsonl", "step_rows")  # benchmarks/bench_layouts.py's matrix
+
+
+def _layout_file(tmp_path, layout: str):
+    """The layout's file: 8 rows in Parquet (4 a row group, or one group), JSON lines, or step rows."""
+    if layout == "jsonl":
+        import json
+
+        p = tmp_path / "rows.jsonl"
+        p.write_text("".join(json.dumps(r) + "\n" for r in _table("scalar_reward").to_pylist()))
+        return p
+    p = tmp_path / "rows.parquet"
+    if layout == "step_rows":
+        pq.write_table(_step_table(), p, row_group_size=3)  # a rollout's steps span two row groups
+    else:
+        pq.write_table(_table(layout), p, row_group_size=8 if layout == "one_row_group" else 4)
+    return p
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_every_common_layout_is_read_column_wise(tmp_path, layout):
-    """Each layout's rows are all read by the column-wise path (``ReadReport.rows_read``), by check
-    and by analyze's table reader, and both see the same 8 trajectories and rewards."""
-    p = tmp_path / "rows.parquet"
-    pq.write_table(_table(layout), p, row_group_size=8 if layout == "one_row_group" else 4)
+def test_every_common_layout_is_read_column_wise(tmp_path, monkeypatch, layout):
+    """Each layout's rows are all read by the column-wise path, by check and by analyze's table reader:
+    ``ReadReport.rows_read`` counts them, and the row-by-row converter of dict rows is never called
+    (monkeypatched to fail); check and analyze see the same trajectories and rewards."""
+    import critic_audit.io.tokenized as tokenized
+
+    def row_by_row(*a, **k):
+        raise AssertionError("a row went to the row-by-row path")
+
+    monkeypatch.setattr(tokenized, "_sequence_row", row_by_row)
+    p = _layout_file(tmp_path, layout)
+    n = 4 if layout == "step_rows" else 8
+    want = [0.0, 0.25, 0.5, 0.75] if layout == "step_rows" else [0.0, 1.0] * 4
     rep = ReadReport()
     seqs = list(iter_tokenized(p, report=rep))
-    assert rep.rows_read == {"columnar": 8}
-    assert [s.reward for s in seqs] == [0.0, 1.0] * 4
+    assert rep.rows_read == {"columnar": n}
+    assert [s.reward for s in seqs] == want
     report = check_rollouts([p])
-    assert report.input["rows_read"] == {"columnar": 8} and report.n_trajectories == 8
+    assert report.input["rows_read"] == {"columnar": n} and report.n_trajectories == n
     rep = ReadReport()
     trajs, _ = read_tokenized(p, report=rep)
-    assert rep.rows_read == {"columnar": 8} and trajs.height == 8
-    assert trajs["reward"].to_list() == [0.0, 1.0] * 4
+    assert rep.rows_read == {"columnar": n} and trajs.height == n
+    assert trajs["reward"].to_list() == want
 
 
 def test_per_token_rewards_are_summed_into_the_outcome(tmp_path):
