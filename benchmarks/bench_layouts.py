@@ -34,7 +34,8 @@ analyze <= 6x read and <= 1 GB.
 With several ``--rows`` sizes (the smaller files are the first rows of the largest: the same groups)
 it prints one table per size, with ns per token of each call, and then how cost grows with size: per
 layout, ns per token of the read, check and analyze at each size and the ratio largest / smallest
-(about 1: linear; a fixed cost shows as a higher figure at the smallest size), and the peak RSS.
+(about 1: linear; a fixed cost shows as a higher figure at the smallest size), the peak RSS and the
+kernel's share of each call's CPU (``sys``: page faults of fresh memory, which grow with array size).
 
     python benchmarks/bench_layouts.py [--rows 250 1000 4000] [--tokens 4096] [--layouts a,b] [--repeats 3]
                                        [--no-analyze] [--json figures.json]
@@ -176,17 +177,19 @@ else:
     def run():
         res = analyze([path], out, scoring=[ScoringConfig()], plots=False, overwrite=True)
         return res.result.per_trajectory.height, {}
-walls, cpus = [], []
+import resource
+walls, cpus, syss = [], [], []
 for _ in range(repeats):
-    t, c = time.perf_counter(), time.process_time()
+    t, c, s = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_stime
     n, extra = run()
     walls.append(time.perf_counter() - t)
     cpus.append(time.process_time() - c)
+    syss.append(resource.getrusage(resource.RUSAGE_SELF).ru_stime - s)
 # VmHWM: the peak RSS of this process's own address space (ru_maxrss would also count the parent's
 # RSS at the fork, here the bench's arrays)
 hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
 print(json.dumps({"wall": sorted(walls)[len(walls) // 2], "cpu": sorted(cpus)[len(cpus) // 2],
-                  "rss_mb": hwm / 1024, "n": n, **(extra or {})}))
+                  "sys": sorted(syss)[len(syss) // 2], "rss_mb": hwm / 1024, "n": n, **(extra or {})}))
 """
 
 
@@ -249,7 +252,8 @@ def _row(layout: str, m: dict, tokens: int) -> str:
 
 def _growth(results: dict, layouts: list[str], sizes: list[int], tokens: int) -> None:
     """How cost grows with size: per layout, ns per token of check and analyze (wall; CPU of all threads)
-    at each size and their ratio largest / smallest (1.0: linear; above: superlinear), and the peak RSS."""
+    at each size and their ratio largest / smallest (1.0: linear; above: superlinear), the peak RSS and
+    the kernel's share of the call's CPU (system time: first touches of fresh memory)."""
     lo, hi = sizes[0], sizes[-1]
     print(f"\nhow cost grows with size ({lo} -> {hi} rows): ns/token wall (CPU) at each size, largest / smallest; "
           "peak RSS MB")
@@ -263,6 +267,8 @@ def _growth(results: dict, layouts: list[str], sizes: list[int], tokens: int) ->
             w = [1e9 * (g["read"] if kind == "read" else g["wall"]) / (b * tokens) for g, b in zip(got, sizes)]
             cpu = [1e9 * (g["read_cpu"] if kind == "read" else g["cpu"]) / (b * tokens) for g, b in zip(got, sizes)]
             rss = "" if kind == "read" else " RSS " + "/".join(f"{g['rss_mb']:.0f}" for g in got)
+            if kind != "read":  # the kernel's share of the CPU (page faults of fresh memory)
+                rss += " sys " + "/".join(f"{100 * g['sys'] / max(g['cpu'], 1e-9):.0f}%" for g in got)
             parts.append(f"{kind} " + "/".join(f"{x:.0f}" for x in w) + f" ({'/'.join(f'{x:.0f}' for x in cpu)}) "
                          f"x{w[-1] / w[0]:.2f} (x{cpu[-1] / cpu[0]:.2f}){rss}")
         print(f"{layout:15s} " + "; ".join(parts))
