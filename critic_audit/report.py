@@ -17,7 +17,6 @@ from typing import Any
 
 import polars as pl
 
-from critic_audit.analysis.audit import coverage_labels, length_limit, overlong_note
 from critic_audit.summary import (
     AuditSummary, Boundary, Breakdown, Coverage, CriticQuality, Fraction, Interval, QualityGate, Recommendation, Share,
 )
@@ -265,6 +264,8 @@ def _skipped_input(s: AuditSummary) -> str:
 
 def _verdict_lines(s: AuditSummary, rec: Recommendation) -> list[str]:
     """The report's title, verdict, coverage and warnings."""
+    from critic_audit.analysis.audit import coverage_labels  # (not at import: the plot process needs none of it)
+
     cov = s.coverage or Coverage()
     labels = coverage_labels(s.scope or "assistant")
     verdict = rec.verdict if rec.verdict is not None else "n/a"
@@ -361,6 +362,8 @@ def _breakdown_lines(s: AuditSummary, min_n: int) -> list[str]:
 
 def _exclusion_lines(s: AuditSummary) -> list[str]:
     """The exclusions, what the length limit truncated, and the over-long note."""
+    from critic_audit.analysis.audit import length_limit, overlong_note
+
     lines = ["", "## Exclusions", ""]
     exc = s.excluded or {}
     lines += [f"- {md_escape(k)}: {v}" for k, v in sorted(exc.items())] or ["- none"]

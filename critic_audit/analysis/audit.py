@@ -353,7 +353,7 @@ def audit_from_sums(trajectories: pl.DataFrame, sums: np.ndarray, quality: np.nd
                     config: AuditConfig = AuditConfig(), *, pre_excluded: dict[str, str] | None = None,
                     fitted_ids: Collection[str] | None = None,
                     truncation: Truncation | Mapping[str, Any] | None = None,
-                    ready: Callable[[pl.DataFrame], None] | None = None) -> AuditResult:
+                    ready: Callable[[str, Any], None] | None = None) -> AuditResult:
     """:func:`audit` from per-trajectory sufficient statistics instead of the tokens table (a streamed
     audit: :class:`critic_audit.analysis.stream.AuditStream`).
 
@@ -364,9 +364,10 @@ def audit_from_sums(trajectories: pl.DataFrame, sums: np.ndarray, quality: np.nd
         quality: (B, 3) float64: policy tokens with a reward, mean and sum of squared deviations of
             ``reward - value`` over them (NaN without a reward or tokens).
         config, pre_excluded, fitted_ids, truncation: as :func:`audit`.
-        ready: called with the per-trajectory table (the result's ``per_trajectory``) as soon as it is
-            complete, before the summary's intervals and gates are computed (a streamed ``analyze``
-            starts drawing its plots then, in another process).
+        ready: ``ready("per_trajectory", table)`` as soon as the per-trajectory table (the result's) is
+            complete, before the summary's intervals and gates are computed, then
+            ``ready("by_checkpoint", rows)`` with the summary's checkpoint breakdown before the other
+            intervals (a streamed ``analyze`` draws its plots from them meanwhile, in another process).
 
     Returns:
         :class:`AuditResult`, its summary identical to :func:`audit`'s on the same tokens; the
@@ -399,9 +400,9 @@ def audit_from_table(per: pl.DataFrame, config: AuditConfig = AuditConfig(), *,
 
 def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str] | None, tokens: pl.LazyFrame | None,
             fitted_ids: Collection[str] | None, truncation: Truncation | Mapping[str, Any] | None,
-            sampled: bool = False, ready: Callable[[pl.DataFrame], None] | None = None) -> AuditResult:
+            sampled: bool = False, ready: Callable[[str, Any], None] | None = None) -> AuditResult:
     """Exclusions before scoring, turn buckets, and the summary, from the per-trajectory table
-    (``ready``: called with the completed table before the summary is computed)."""
+    (``ready``: told the completed table, then the checkpoint breakdown: :func:`audit_from_sums`)."""
     pre = pre_excluded or {}
     if pre:
         pre_df = pl.DataFrame({"trajectory_id": list(pre), "_pre": list(pre.values())},
@@ -413,7 +414,7 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
                                                       return_dtype=pl.String)
     )
     if ready is not None:
-        ready(per)
+        ready("per_trajectory", per)
     tr = truncation if truncation is None or isinstance(truncation, Truncation) else Truncation.from_dict(truncation)
     inc = per.filter(pl.col("excluded").is_null())
     whole = _group_stats(per, config)
@@ -422,6 +423,9 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
         vals = inc[col].fill_nan(None).drop_nulls()
         medians[col] = _num(float(np.median(vals.to_numpy())) if vals.len() else None)
     qper = per if tokens is None else _with_token_sums(per, tokens)  # None: the sums are columns of per
+    by_checkpoint = _by_checkpoint(qper, config, fitted_ids)  # (each interval and gate seeded: any order)
+    if ready is not None:
+        ready("by_checkpoint", by_checkpoint)
     clusters = cluster_codes(inc)
     summary = AuditSummary(
         truncated=tr, scope=config.scope, n_trajectories=per.height, n_included=inc.height,
@@ -435,7 +439,7 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
         omega2_median=medians["omega2"], icc1_median=medians["icc1"], f_stat_median=medians["f_stat"],
         boundary=_boundary(inc), critic_quality=_quality(qper, config, fitted_ids),
         by_success=breakdown(per, "success", config), by_source=breakdown(per, "source", config),
-        by_checkpoint=_by_checkpoint(qper, config, fitted_ids), by_turn_bucket=breakdown(per, "turn_bucket", config),
+        by_checkpoint=by_checkpoint, by_turn_bucket=breakdown(per, "turn_bucket", config),
         breakdowns={col: breakdown(per, col, config) for col in config.group_by} or None,
         min_group_n=config.min_group_n, paper_reference=PAPER_REFERENCE)
     return AuditResult(per, dataclasses.replace(summary, recommendation=_headline_verdict(summary, config, sampled)))

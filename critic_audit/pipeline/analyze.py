@@ -597,10 +597,9 @@ def _try_stream(inputs: Sequence[str | Path], out_dir: Path, scorings: list[Scor
 
     plotter = start_plot_process() if plots else None  # draws the plots while the summary is computed
     try:
-        ready = None if plotter is None else (
-            lambda per, traces, turns, steps: plotter.draw(traces, per, turns=turns, steps=steps))
         run = S.run_stream(parts, audit_config, truncation=truncation, options=read_options, report=plan_report,
-                           keep_tokens=keep_tokens, ready=ready)
+                           keep_tokens=keep_tokens,
+                           ready=None if plotter is None else functools.partial(_feed_plots, plotter))
         plan_report.records_read = run.result.per_trajectory.height  # as read_all counts table inputs
         run.result = run.result.with_summary(template_system=next((c["template_system"] for c in carried
                                                                     if c.get("template_system")), None))
@@ -610,6 +609,18 @@ def _try_stream(inputs: Sequence[str | Path], out_dir: Path, scorings: list[Scor
     finally:
         if plotter is not None:
             plotter.close()
+
+
+def _feed_plots(plotter: Any, event: str, value: Any) -> None:
+    """Hand a streamed audit's plot inputs to ``plotter`` (a :class:`critic_audit.plot_process.PlotProcess`)
+    as :func:`critic_audit.pipeline.stream.run_stream` tells them: every plot but the checkpoint one
+    from the per-trajectory table and the aggregates, then that one from the checkpoint breakdown."""
+    if event == "plot_inputs":
+        per, traces, turns, steps = value
+        plotter.draw(traces, per, turns=turns, steps=steps)
+    elif event == "by_checkpoint" and len(value) > 1:
+        plotter.draw(pl.DataFrame(), pl.DataFrame(), summary=AuditSummary(by_checkpoint=value),
+                     stems=["eta2_ev_by_checkpoint"])
 
 
 def _write_streamed(inputs: Sequence[str | Path], out_dir: Path, run: Any, carried: list[dict[str, Any]],
@@ -635,9 +646,6 @@ def _write_streamed(inputs: Sequence[str | Path], out_dir: Path, run: Any, carri
         if plots and plotter is not None and plotter.jobs:
             from critic_audit.report import write_reports
 
-            if len(summary.by_checkpoint or {}) > 1:  # the one plot drawn from the summary
-                plotter.draw(run.traces.clear(), result.per_trajectory.clear(), summary=summary,
-                             stems=["eta2_ev_by_checkpoint"])
             write_reports(tmp, summary, plotter.collect(tmp))
         elif plots:
             from critic_audit.report import render_folder

@@ -202,8 +202,9 @@ def _stream_rows(part: StreamPart, stream: AuditStream, options: ReadOptions, re
     return pl.concat(trajs, how="vertical") if trajs else sequences_to_tables([])[0]
 
 
-#: ``ready(per_trajectory, traces, turns, steps)``: a streamed audit's plot inputs, complete before its summary
-Ready = Callable[[pl.DataFrame, pl.DataFrame, pl.DataFrame, StepHistogram], None]
+#: ``ready(event, value)``: a streamed audit's plot inputs as they are complete, before its summary is:
+#: ``("plot_inputs", (per_trajectory, traces, turns, steps))``, then ``("by_checkpoint", rows)``
+Ready = Callable[[str, Any], None]
 
 
 def run_stream(parts: list[StreamPart], config: AuditConfig, *, batch_rows: int = 1 << 20,
@@ -214,10 +215,10 @@ def run_stream(parts: list[StreamPart], config: AuditConfig, *, batch_rows: int 
     batches of ``batch_rows`` rows, then the value-trace tokens and the summary. ``keep_tokens``: a
     tokenized-rows part also writes its canonical token rows as it converts them
     (:attr:`StreamedAudit.kept_tokens`, a temporary file that :func:`write_stream_files` moves into the
-    folder; removed at exit otherwise). ``ready``: called with what the plots draw (the per-trajectory
-    table, the value-trace tokens, the turn means, the step histogram: :data:`Ready`) as soon as they
-    are complete, before the summary's intervals and gates are computed (``analyze`` draws the plots in
-    another process meanwhile).
+    folder; removed at exit otherwise). ``ready``: told what the plots draw (the per-trajectory table,
+    the value-trace tokens, the turn means, the step histogram; then the checkpoint breakdown:
+    :data:`Ready`) as soon as each is complete, before the summary's other intervals and gates are
+    computed (``analyze`` draws the plots in another process meanwhile).
 
     Raises:
         InputError, SchemaError: an unreadable file, a table that breaks its schema, token rows of a
@@ -295,13 +296,13 @@ def _finish_stream(stream: AuditStream, trajectories: pl.DataFrame, parts: list[
                           "mean_value": pl.Series(mean, dtype=pl.Float64)}).sort("trajectory_id", "turn")
     traced: list[pl.DataFrame] = []
 
-    def table_ready(per: pl.DataFrame) -> None:  # the traces depend on the per-trajectory table alone
-        if spill is not None:
-            traced.append(_spilled_traces(per, spill))
-        else:
-            traced.append(trace_tokens(per, [p.tokens for p in parts], out["part"]))
+    def table_ready(event: str, value: Any) -> None:  # the traces depend on the per-trajectory table alone
+        if event == "per_trajectory":
+            traced.append(_spilled_traces(value, spill) if spill is not None else
+                          trace_tokens(value, [p.tokens for p in parts], out["part"]))
+            value = (value, traced[0], turns, out["steps"])
         if ready is not None:
-            ready(per, traced[0], turns, out["steps"])
+            ready("plot_inputs" if event == "per_trajectory" else event, value)
 
     result = audit_from_sums(trajectories, out["sums"], out["quality"], config, pre_excluded=pre,
                              truncation=truncation, ready=table_ready)
