@@ -161,3 +161,26 @@ def test_stream_reads_the_tools_own_tokens_in_input_order(tmp_path):
         got = decompose_parquet(tmp_path / "tokens.parquet", batch_rows=batch_rows)
         assert got["trajectory_id"].to_list() == ids
         assert_frame_equal(got, ref, check_exact=True)
+
+
+def test_step_bins_looked_up_equal_the_log10_formula():
+    """StepHistogram.add_consecutive looks a step's bin up in a table of mantissa cells; every bin equals
+    the formula floor((log10(d) - LO) * PER_DECADE) (clipped; 0 for d = 0) evaluated step by step, for
+    steps of every size, on and next to the bin edges, zeros, subnormals and values off the table."""
+    from critic_audit.analysis.stream import StepHistogram
+
+    rng = np.random.default_rng(3)
+    edges = 10.0 ** (StepHistogram.LO + np.arange(2401) / StepHistogram.PER_DECADE)
+    near = np.concatenate([np.nextafter(edges, 0), edges, np.nextafter(edges, np.inf),
+                           edges * (1 - 1e-13), edges * (1 + 1e-13)])
+    d = np.concatenate([np.abs(rng.normal(size=20000)), np.abs(rng.standard_cauchy(20000)) * 10.0 ** rng.integers(-16, 16, 20000),
+                        near, [0.0, 5e-324, 1e-310, 1e-20, 1e20, 1e300]])
+    v = np.zeros(2 * d.size)
+    v[1::2] = d  # steps: d[0], d[0], d[1], d[1], ...
+    h = StepHistogram()
+    h.add_consecutive(np.zeros(v.size, np.int64), np.zeros(v.size, np.int64), v, np.ones(1, bool))
+    want = np.zeros_like(h.counts)
+    for x in np.abs(np.diff(v)).tolist():
+        k = 0 if x == 0 else min(max(math.floor((math.log10(x) - h.LO) * h.PER_DECADE), -1), h.EDGES.size - 3) + 2
+        want[1, k] += 1
+    assert (h.counts == want).all() and h.n.tolist() == [0, v.size - 1]

@@ -170,8 +170,22 @@ class StepHistogram:
         return h
 
 
+#: :func:`_steps_kernel`'s bin lookup: the binary exponents it covers (``math.frexp``'s: about 1e-14 to
+#: 3e13), and the bits of mantissa that split each into cells (1,024 cells: 0.07% of a value wide, a bin 2.3%)
+_CELL_E0, _CELL_E1, _CELL_BITS = -45, 46, 10
+
+
 def _steps_kernel() -> Any:
-    """The numba kernel of :meth:`StepHistogram.add_consecutive` (None without numba)."""
+    """The numba kernel of :meth:`StepHistogram.add_consecutive` (None without numba).
+
+    A step's bin is ``floor((log10(d) - LO) * PER_DECADE)`` (clipped), as :meth:`StepHistogram.add`
+    computes it; ``log10`` cost most of the pass (15 ns a step), so the bin is looked up instead:
+    ``d = m * 2**e`` falls in the cell ``(e, m's top bits)`` (read from its float64 bits), and a table
+    built once holds the bin of every cell that no bin edge comes near (the formula evaluated at the
+    cell's ends widened by 1e-13 relative, hundreds of float64 steps: the same bin for every ``d`` in
+    it, whatever the last bits of ``log10``); the cells an edge crosses (about 3 in 100), zeros and
+    values outside the table's range are computed with ``log10`` as before. The same bins, bit for
+    bit, at about a third of the cost."""
     from critic_audit.analysis.decompose import HAVE_NUMBA
 
     if not HAVE_NUMBA:
@@ -181,24 +195,55 @@ def _steps_kernel() -> Any:
     from numba import njit
 
     @njit(cache=True, nogil=True)
-    def steps(traj, turn, v, incl, lo, per, nbins, counts, n, total):  # pragma: no cover - compiled
+    def cells(lo, per, nbins, e0, e1, bits):  # pragma: no cover - compiled
+        m = 1 << bits
+        table = np.empty((e1 - e0) * m, dtype=np.int16)
+        for e in range(e0, e1):
+            for j in range(m):
+                a = math.ldexp(0.5 + 0.5 * j / m, e) * (1.0 - 1e-13)
+                b = math.ldexp(0.5 + 0.5 * (j + 1) / m, e) * (1.0 + 1e-13)
+                # the steps kernel's formula at both ends (inlined: a call to another kernel defined
+                # here would keep numba from caching this one)
+                ka = min(max(int(math.floor((math.log10(a) - lo) * per)), -1), nbins - 3) + 2
+                kb = min(max(int(math.floor((math.log10(b) - lo) * per)), -1), nbins - 3) + 2
+                table[(e - e0) * m + j] = ka if ka == kb else -1  # -1: an edge is near, compute
+        return table
+
+    @njit(cache=True, nogil=True)
+    def steps(traj, turn, v, incl, lo, per, nbins, counts, n, total, table, e0, e1, bits):  # pragma: no cover - compiled
+        m = 1 << bits
+        buf = np.empty(1, dtype=np.float64)
+        raw = buf.view(np.int64)  # d's bits: exponent and mantissa as frexp gives them, without a call
         for i in range(1, traj.shape[0]):
             c = traj[i]
             if c != traj[i - 1] or not incl[c]:
                 continue
             d = abs(v[i] - v[i - 1])
             kind = 0 if turn[i] != turn[i - 1] else 1
-            k = 0
+            k = -1
             if d > 0:
-                k = int(math.floor((math.log10(d) - lo) * per))
-                k = min(max(k, -1), nbins - 3) + 2
+                buf[0] = d
+                e = (raw[0] >> 52) - 1022  # frexp's exponent (d normal: m in [0.5, 1))
+                if e0 <= e < e1:
+                    k = table[(e - e0) * m + ((raw[0] >> (52 - bits)) & (m - 1))]
+            if k < 0:  # zero, out of the table, or an edge near: the formula itself
+                k = 0
+                if d > 0:
+                    k = int(math.floor((math.log10(d) - lo) * per))
+                    k = min(max(k, -1), nbins - 3) + 2
             counts[kind, k] += 1
             n[kind] += 1
             total[kind] += d
 
-    return steps
+    def run(traj, turn, v, incl, lo, per, nbins, counts, n, total):
+        if not _CELLS:
+            _CELLS.append(cells(lo, per, nbins, _CELL_E0, _CELL_E1, _CELL_BITS))
+        steps(traj, turn, v, incl, lo, per, nbins, counts, n, total, _CELLS[0], _CELL_E0, _CELL_E1, _CELL_BITS)
+
+    return run
 
 
+_CELLS: list[np.ndarray] = []  # the bin table of _steps_kernel (93k cells), built on first use (a few ms)
 _nb_steps = _steps_kernel()
 
 
