@@ -184,3 +184,21 @@ def test_step_bins_looked_up_equal_the_log10_formula():
         k = 0 if x == 0 else min(max(math.floor((math.log10(x) - h.LO) * h.PER_DECADE), -1), h.EDGES.size - 3) + 2
         want[1, k] += 1
     assert (h.counts == want).all() and h.n.tolist() == [0, v.size - 1]
+
+
+def test_runs_of_dictionary_chunks_cross_chunks_and_dictionaries():
+    """The ids of a whole file come as one dictionary chunk per row group, each with its own
+    dictionary: a run that crosses chunks, or whose string has another index in the next chunk, is one
+    run; the same string after another one is a new run."""
+    import pyarrow as pa
+
+    from critic_audit.analysis.stream import _runs
+
+    a = pa.array(["t1", "t1", "t2", "t2"]).dictionary_encode()
+    b = pa.DictionaryArray.from_arrays(pa.array([1, 1, 0, 2], pa.int32()), pa.array(["t3", "t2", "t1"]))
+    c = pa.array(["t1", "t4"]).dictionary_encode()
+    starts, names = _runs(pa.chunked_array([a, pa.array([], a.type), b, c]))
+    assert starts.tolist() == [0, 2, 6, 7, 9] and names.to_list() == ["t1", "t2", "t3", "t1", "t4"]
+    flat = pa.array(["t1", "t1", "t2", "t2", "t2", "t2", "t3", "t1", "t1", "t4"])
+    s2, n2 = _runs(flat)
+    assert s2.tolist() == starts.tolist() and n2.to_list() == names.to_list()

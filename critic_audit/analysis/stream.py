@@ -54,28 +54,43 @@ def _paths(path_or_paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return [Path(p) for p in path_or_paths]
 
 
-def _runs(ids: pa.Array | pl.Series) -> tuple[np.ndarray, pl.Series]:
+def _runs(ids: pa.Array | pa.ChunkedArray | pl.Series) -> tuple[np.ndarray, pl.Series]:
     """Runs of equal trajectory ids in a batch: (first row of each run (int64), run ids).
 
-    Dictionary-encoded ids (how the reader decodes them) are compared by index, then adjacent runs
-    whose strings are equal are merged (a dictionary may repeat a string); plain strings by value.
+    Dictionary-encoded ids (how the reader decodes them; a chunked array's chunks may each have their
+    own dictionary, as each Parquet row group has) are compared by index, chunk by chunk, then adjacent
+    runs whose strings are equal are merged (a dictionary may repeat a string, a run may cross chunks);
+    plain strings by value.
     """
     n = len(ids)
-    if isinstance(ids, pa.Array) and pa.types.is_dictionary(ids.type):
-        ind = ids.indices  # read in place: pyarrow's to_numpy imports pandas, polars' conversion pyarrow.compute
-        dt = np.dtype(f"int{ind.type.bit_width}")
-        idx = np.frombuffer(ind.buffers()[1], dtype=dt, count=len(ind), offset=ind.offset * dt.itemsize)
-        starts = np.concatenate([[0], np.flatnonzero(idx[1:] != idx[:-1]) + 1])
-        words = ids.dictionary.to_pylist()
-        names = pl.Series([words[i] for i in idx[starts].tolist()], dtype=pl.String)
+    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
+    if n and isinstance(ids, (pa.Array, pa.ChunkedArray)) and pa.types.is_dictionary(ids.type):
+        parts, off = [], 0
+        for ch in chunks:
+            if len(ch):
+                starts, names = _dictionary_runs(ch)
+                parts.append((starts + off, names))
+            off += len(ch)
+        starts = np.concatenate([p[0] for p in parts])
+        names = pl.concat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
         if names.len() > 1:  # merge runs whose strings are equal
             new = np.concatenate([[True], (names.slice(1) != names.slice(0, names.len() - 1)).to_numpy()])
             starts, names = starts[new], names.filter(pl.Series(new))
         return starts.astype(np.int64, copy=False), names
-    tid = pl.Series(ids).cast(pl.String)
+    tid = pl.Series(ids).cast(pl.String) if not isinstance(ids, pa.ChunkedArray) else pl.Series(ids.combine_chunks()).cast(pl.String)
     run = tid.rle_id().to_numpy()
     starts = np.concatenate([[0], np.flatnonzero(np.diff(run)) + 1]) if n > 1 else np.zeros(1, np.int64)
     return starts.astype(np.int64, copy=False), tid.gather(starts)
+
+
+def _dictionary_runs(ids: pa.DictionaryArray) -> tuple[np.ndarray, pl.Series]:
+    """Runs of equal indices of one dictionary array (not empty): first rows, and their strings."""
+    ind = ids.indices  # read in place: pyarrow's to_numpy imports pandas, polars' conversion pyarrow.compute
+    dt = np.dtype(f"int{ind.type.bit_width}")
+    idx = np.frombuffer(ind.buffers()[1], dtype=dt, count=len(ind), offset=ind.offset * dt.itemsize)
+    starts = np.concatenate([[0], np.flatnonzero(idx[1:] != idx[:-1]) + 1])
+    words = ids.dictionary.to_pylist()
+    return starts, pl.Series([words[i] for i in idx[starts].tolist()], dtype=pl.String)
 
 
 def _codes(sel: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -385,14 +400,14 @@ class AuditStream:
 
     # ------------------------------------------------------------------ tokens
 
-    def add_tokens(self, rb: pa.RecordBatch | pl.DataFrame, path: Path, row0: int, part: int = 0) -> None:
+    def add_tokens(self, rb: pa.RecordBatch | pa.Table | pl.DataFrame, path: Path, row0: int, part: int = 0) -> None:
         """Reduce one batch of token rows (``trajectory_id``, ``position``, ``response_mask``, ``value``,
         and ``turn`` when needed) of part ``part``; ``row0``: its first row in ``path`` (for messages).
 
         Raises:
             SchemaError: see :func:`decompose_parquet`.
         """
-        n = rb.num_rows if isinstance(rb, pa.RecordBatch) else rb.height
+        n = rb.height if isinstance(rb, pl.DataFrame) else rb.num_rows
         if n == 0:
             return
         self.n_rows += n
@@ -635,14 +650,14 @@ def statistics_codes(sums: np.ndarray) -> np.ndarray:
 
 
 def _batches(files: list[Path], columns: list[str],
-             batch_rows: int) -> Iterator[tuple[pa.RecordBatch | pl.DataFrame, Path, int, int]]:
+             batch_rows: int) -> Iterator[tuple[pa.RecordBatch | pa.Table | pl.DataFrame, Path, int, int]]:
     """``(batch, file, first row, file number)`` of the ``columns`` of each tokens file in order."""
     for k, path in enumerate(files):
         yield from file_batches(path, columns, batch_rows, part=k)
 
 
 def file_batches(path: Path, columns: list[str], batch_rows: int = 1 << 20,
-                 part: int = 0) -> Iterator[tuple[pa.RecordBatch | pl.DataFrame, Path, int, int]]:
+                 part: int = 0) -> Iterator[tuple[pa.RecordBatch | pa.Table | pl.DataFrame, Path, int, int]]:
     """``(batch, path, first row, part)`` of one tokens Parquet file, trajectory ids dictionary-decoded.
 
     Raises:
@@ -677,16 +692,15 @@ def file_batches(path: Path, columns: list[str], batch_rows: int = 1 << 20,
         row0 += rb.num_rows
 
 
-def _read_whole(pf: pq.ParquetFile, path: Path, columns: list[str]) -> pa.RecordBatch:
+def _read_whole(pf: pq.ParquetFile, path: Path, columns: list[str]) -> pa.Table:
     """The ``columns`` of a whole (small) tokens file as one batch: the trajectory ids as dictionary
-    indices (pyarrow: runs are found on integers, no string is built per row), the others read by polars
-    on every core."""
+    indices, one chunk per row group with its own dictionary (pyarrow: runs are found on integers, no
+    string is built per row; the chunks are neither unified nor concatenated, which cost more than the
+    read), the others read by polars on every core."""
     others = [c for c in columns if c != "trajectory_id"]
-    ids = pf.read(columns=["trajectory_id"]).unify_dictionaries().column(0).combine_chunks()
+    ids = pf.read(columns=["trajectory_id"]).column(0)
     cols = pl.read_parquet(path, columns=others, use_pyarrow=False).to_arrow()
-    arrays = [cols.column(c) for c in others]  # one chunk each (polars rechunks): no copy
-    return pa.RecordBatch.from_arrays([ids, *(a.chunk(0) if a.num_chunks == 1 else a.combine_chunks() for a in arrays)],
-                                      names=["trajectory_id", *others])
+    return pa.Table.from_arrays([ids, *(cols.column(c) for c in others)], names=["trajectory_id", *others])
 
 
 def token_columns(scope: str, *, turn: bool = True) -> list[str]:
