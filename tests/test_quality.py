@@ -352,3 +352,25 @@ def test_too_few_bootstrap_resamples_support_no_confident_verdict(n_boot, verdic
                                  "(fewer than 200), too few to rest a confident verdict on.")
         assert r.text.endswith("rerun with --bootstrap 2000.")
         assert r.reasons[0] == f"bootstrap resamples {n_boot} < 200"
+
+
+def test_block_permutation_kernel_gives_numpys_bits():
+    """The permutation test's whole-block step (clusters of one size permuted among themselves, times
+    zx) runs in a numba kernel: the same null sums, bit for bit, as numpy's take_along_axis and product."""
+    from critic_audit.analysis import quality as Q
+    from critic_audit.analysis.clusters import ClusterLayout
+
+    if Q._gather_kernel() is None:
+        pytest.skip("numba not installed")
+    rng = np.random.default_rng(5)
+    for lens in ([8] * 32, [1, 2, 2, 3, 3, 3, 8, 8, 1, 5] * 4, [2] * 300):
+        cl = np.repeat(np.arange(len(lens)), lens)
+        rng.shuffle(cl)
+        zx, zy = rng.normal(size=cl.size), rng.normal(size=cl.size)
+        fast = Q._block_permuted_sums(zx, zy, ClusterLayout(cl), 500, np.random.default_rng(1))
+        kernel, Q._GATHER[0] = Q._GATHER[0], None
+        try:
+            slow = Q._block_permuted_sums(zx, zy, ClusterLayout(cl), 500, np.random.default_rng(1))
+        finally:
+            Q._GATHER[0] = kernel
+        assert fast.tolist() == slow.tolist()
