@@ -415,7 +415,7 @@ def check_turn_logprob_mismatch(rollouts: Sequence[CheckRollout], ctx: CheckCont
         return make(SKIP, reason="no multi-turn rollout carries both log-probs (logprob_mismatch covers single turns)")
     sel = rows[cols.turn_row]
     n_ok = ok_per_turn(cols, ok)  # delta is 0 off ok
-    abs_sum = cols.turn_sum(np.abs(delta))
+    abs_sum = cols.turn_sum(delta, fn=np.abs)  # (block by block: no (N,) copy of |delta|)
     present = sel & (n_ok > 0)
     per_turn = np.where(present, abs_sum / np.where(n_ok > 0, n_ok, 1), np.nan)  # mean |delta| of each turn
     measured: dict[str, float | None] = {}
