@@ -13,16 +13,22 @@ Printed per size, from one run:
   (a) polars: ``pl.read_parquet`` of every ``step_*.tokens.parquet`` of the folder, one after the other
       (the reference; in a fresh subprocess, peak RSS too; the median of ``--read-repeat`` runs, 3: cheap);
   (b) ``critic-audit analyze DIR --out OUT`` in a fresh subprocess (defaults: values given, so no critic
-      and the streamed path; plots and reports written): wall time, its ratio to (a) (target <= 5),
-      CPU time of all threads and its ratio to (a)'s (the robust figure on a shared, loaded machine),
-      time per token (wall and CPU) and peak resident memory (``ru_maxrss`` of the child; target <= 1.5 GB);
-      the median of ``--repeat`` runs (1: the 100M-token size takes minutes);
+      and the streamed path; plots and reports written, PNG and SVG, drawn by analyze's second process,
+      ``critic_audit.plot_process``): wall time, its ratio to (a) (target <= 5), CPU time of all threads
+      of both processes and its ratio to (a)'s (the robust figure on a shared, loaded machine), time per
+      token (wall and CPU) and peak resident memory (``ru_maxrss``: the largest of the two processes,
+      the main one; the plot process peaks at ~260 MB beside it; target <= 1.5 GB); the median of
+      ``--repeat`` runs (1: the 100M-token size takes tens of seconds);
 
 then the ratio of the largest size's peak RSS to the smallest's (target <= 1.25: flat), and a table.
 
 Before the sizes, ``analyze`` runs once on a tiny dump (1 step of 16 x 512 tokens, not measured): the
 numba kernels are compiled into their on-disk cache as by any first run after an install or an edit, so
 that no size pays a one-time compilation.
+
+The load average of the machine is printed with each size and at the end (other processes slow the
+wall times down, and the ratios with them); docs/audit.md ("A whole run on one machine") has the
+figures measured.
 
     nice -n 10 python benchmarks/bench_scale.py [--steps 8 30 96] [--rows 256] [--tokens 4096] [--dir DIR]
         [--repeat 1] [--read-repeat 3] [--no-plots]
@@ -87,6 +93,11 @@ def _child(cmd: list[str]) -> tuple[float, float, float, int, str]:
     return float(wall), float(cpu), int(kb) / 1024, int(rc), out.stderr
 
 
+def _load() -> str:
+    """The machine's load average (1, 5 and 15 minutes), as ``uptime`` prints it."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def _median(runs: list[tuple]) -> tuple[float, float, float]:
     """Median wall, CPU and peak RSS (each its own median) of ``_child`` results."""
     return tuple(float(np.median([r[i] for r in runs])) for i in range(3))  # type: ignore[return-value]
@@ -117,7 +128,7 @@ def main() -> None:
         n_tok = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         size = sum(f.stat().st_size for f in files) / 2**20
         print(f"size {steps} steps: {n_tok / 1e6:.1f}M tokens in {len(files)} tokens files ({size:.0f} MB; "
-              f"{time.perf_counter() - t0:.0f} s to write or find)", flush=True)
+              f"{time.perf_counter() - t0:.0f} s to write or find); load average {_load()}", flush=True)
         read = ("import sys, polars as pl\n"
                 "for f in sys.argv[1:]: pl.read_parquet(f)\n")
         subprocess.run([sys.executable, "-c", read, *map(str, files)], check=True)  # warm the page cache
@@ -138,6 +149,7 @@ def main() -> None:
               f"{1e9 * cpu / n_tok:5.0f} ns/token CPU, "
               f"peak RSS {mb:6.0f} MB (target <= 1536; exit {rc})", flush=True)
         rows.append((steps, n_tok, t_read, wall, mb, c_read, cpu))
+    print(f"load average at the end {_load()} (1, 5, 15 min; 2 cores)")
     if len(rows) > 1:
         lo, hi = min(rows, key=lambda r: r[1]), max(rows, key=lambda r: r[1])
         print(f"RATIO peak RSS {hi[1] / 1e6:.1f}M / {lo[1] / 1e6:.1f}M tokens = {hi[4] / lo[4]:.2f} (target <= 1.25)")

@@ -126,8 +126,10 @@ class PlotProcess:
 
 
 def start_plot_process() -> PlotProcess | None:
-    """A :class:`PlotProcess`, or None when no process can be started (the plots are then drawn in
-    this one)."""
+    """A :class:`PlotProcess`, or None when no process can be started (no Python executable known, as
+    in an embedded interpreter, or the start fails): the plots are then drawn in this one."""
+    if not sys.executable:
+        return None
     try:
         return PlotProcess()
     except OSError:
