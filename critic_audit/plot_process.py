@@ -5,7 +5,8 @@ per-trajectory table, the value-trace tokens, the turn means, the step histogram
 the summary's bootstrap intervals and quality gates, which take seconds on a whole run: a second
 process draws the plots meanwhile, on another core, with the same code as in one process
 (:func:`critic_audit.report.render_plots`), so the files are the same. The process is started before the
-tokens are read, so that its imports (matplotlib) are done by the time it has plots to draw.
+tokens are read, so that its imports (matplotlib) are done by the time it has plots to draw; only
+for inputs of :data:`PLOT_PROCESS_MIN_BYTES` or more (a small audit draws its plots itself).
 
 Protocol: the child (``python -m critic_audit.plot_process``) reads one job path per line on stdin (a
 pickle of :func:`~critic_audit.report.render_plots`' arguments, written in a private temporary folder),
@@ -28,6 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import polars as pl
+
+
+#: Tokens files (bytes, all parts) from which a streamed ``analyze`` draws its plots in a second process:
+#: below, the summary takes too little time to hide the plots behind, and the process's start-up
+#: (an interpreter, matplotlib: ~0.5 s CPU) would be spent for nothing (16 MiB: ~2M tokens).
+PLOT_PROCESS_MIN_BYTES = 16 << 20
 
 
 class PlotProcess:

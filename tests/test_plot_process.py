@@ -13,13 +13,17 @@ from critic_audit.plot_process import PlotProcess
 from test_stream_analyze import _dump
 
 
-def test_plots_drawn_in_the_second_process_are_those_drawn_in_one(tmp_path):
+def test_plots_drawn_in_the_second_process_are_those_drawn_in_one(tmp_path, monkeypatch):
+    from critic_audit import plot_process
     from critic_audit.report import rerender
 
+    started = []
+    monkeypatch.setattr(plot_process, "PLOT_PROCESS_MIN_BYTES", 0)  # (a small run draws in process)
+    monkeypatch.setattr(plot_process, "PlotProcess", lambda: started.append(1) or PlotProcess())
     run = _dump(tmp_path / "run", steps=3, rows=16)
     out = tmp_path / "s"
     s = analyze([run], out, scoring=None, audit_config=AuditConfig(n_boot=100), plots=True)
-    assert s.summary.to_dict()["streamed"] and len(s.summary.to_dict()["by_checkpoint"]) == 3
+    assert s.summary.to_dict()["streamed"] and len(s.summary.to_dict()["by_checkpoint"]) == 3 and started
     drawn = {p.name: p.read_bytes() for p in (out / "plots").iterdir()}
     # every plot, the per-checkpoint one (drawn from the summary) too, as PNG and SVG
     assert {n.rsplit(".", 1)[0] for n in drawn} >= {"value_traces", "value_grid", "eta2_hist", "eta2_ecdf",
@@ -55,3 +59,15 @@ def test_the_plot_process_ends_with_the_caller(tmp_path):
     p.draw(pl.DataFrame(), pl.DataFrame({"trajectory_id": ["a"]}), stems=[])
     p.close()  # a job pending (the caller failed): ended at once
     assert p.proc.poll() is not None and not folder.exists()
+
+
+def test_a_small_run_draws_its_plots_in_process(tmp_path, monkeypatch):
+    from critic_audit import plot_process
+
+    def refuse():
+        raise AssertionError("a small run started a plot process")
+
+    monkeypatch.setattr(plot_process, "PlotProcess", refuse)
+    run = _dump(tmp_path / "run", steps=2, rows=8)
+    analyze([run], tmp_path / "s", scoring=None, audit_config=AuditConfig(n_boot=50), plots=True)
+    assert (tmp_path / "s" / "plots" / "eta2_ev_by_checkpoint.png").exists()

@@ -593,9 +593,11 @@ def _try_stream(inputs: Sequence[str | Path], out_dir: Path, scorings: list[Scor
         return None
     check_side_summaries(list(dict.fromkeys(x.input for x in parts)), lenient=read_options.lenient, report=plan_report)
     _, _, _, truncation, carried = _table_parts([(p, None, None, {}) for p in dict.fromkeys(x.input for x in parts)])
-    from critic_audit.plot_process import start_plot_process
+    from critic_audit.plot_process import PLOT_PROCESS_MIN_BYTES, start_plot_process
 
-    plotter = start_plot_process() if plots else None  # draws the plots while the summary is computed
+    size = sum(t.stat().st_size for t in dict.fromkeys(x.tokens for x in parts) if t.is_file())
+    # a large input's plots are drawn by a second process while the summary is computed
+    plotter = start_plot_process() if plots and size >= PLOT_PROCESS_MIN_BYTES else None
     try:
         run = S.run_stream(parts, audit_config, truncation=truncation, options=read_options, report=plan_report,
                            keep_tokens=keep_tokens,
