@@ -211,6 +211,39 @@ def test_response_cap_cut(tmp_path):
                                                    "cut_unflagged": 1, "cut_unflagged_multi_turn": 0, "over_cap": 2}
 
 
+def _rows(spec):
+    """CheckRollouts from (id, ids, mask) triples, no truncation flag."""
+    return [CheckRollout(t, token_ids=np.array(i), response_mask=np.array(m)) for t, i, m in spec]
+
+
+def test_response_cap_cut_needs_evidence_of_a_cap():
+    """review 2 #19: a batch of one width is no evidence of a cap, and an inferred cap is reported only
+    when most rows at it end inside a turn, more often than the shorter rows."""
+    # one width: 6 rows of 4 response tokens, 4 end on 2 (the stop token, 67%), 2 on 24: was 'cut at the cap'
+    same = _rows([(f"r{k}", [10, 11, 20, 21, 22, 2 if k < 4 else 24], [0, 0, 1, 1, 1, 1]) for k in range(6)])
+    c = by_id(run_checks(same), "response_cap_cut")
+    assert c.status == "skipped" and "a fixed width" in c.reason and "every one of the 6 rows has 4" in c.reason
+    assert by_id(run_checks(same, config=CheckConfig(max_response_tokens=4)), "response_cap_cut").status == "warn"
+    # evidence: 3 of the 4 rows at 8 tokens end on 24 (75%), none of the 4 shorter rows (3 tokens) ends inside a turn
+    ev = _rows([(f"cut{k}", CUT, TWO_TURNS) for k in range(3)] + [("stopped", STOPPED, TWO_TURNS)]
+               + [(f"short{k}", [10, 11, 20, 21, 2], [0, 0, 1, 1, 1]) for k in range(4)])
+    c = by_id(run_checks(ev), "response_cap_cut")
+    assert c.status == "warn" and c.counts["at_cap"] == 4 and c.counts["cut_unflagged"] == 3
+    assert c.measured["share_at_cap_cut"] == pytest.approx(0.75) and c.measured["share_below_cap_inside_turn"] == 0.0
+    # no evidence: 3 of 4 shorter rows end on 25 too (75%, as often as at the cap): stop id 2 ends 6 of 12 turns
+    no = ev[:4] + _rows([(f"short{k}", [10, 11, 20, 21, 25 if k < 3 else 2], [0, 0, 1, 1, 1]) for k in range(4)])
+    c = by_id(run_checks(no), "response_cap_cut")
+    assert c.status == "skipped" and "3 of 4 rows at the longest response (8 tokens) end inside a turn, against 3 " \
+        "of 4 shorter rows" in c.reason
+    # most rows at the cap end on the stop token (1 of 3 cut, 33%): no evidence either
+    few = _rows([("cut", CUT, TWO_TURNS), ("s1", STOPPED, TWO_TURNS), ("s2", STOPPED, TWO_TURNS),
+                 ("short", [10, 11, 20, 21, 2], [0, 0, 1, 1, 1])])
+    assert by_id(run_checks(few), "response_cap_cut").status == "skipped"
+    # the cap given: the same rows are cut at it
+    c = by_id(run_checks(no, config=CheckConfig(max_response_tokens=8)), "response_cap_cut")
+    assert c.status == "warn" and c.counts["cut_unflagged"] == 3
+
+
 # ------------------------------------------------------------------------------------------ real files
 
 REAL = [DATA / "atif", DATA / "harbor", DATA / "hotpotqa_distractor_rl", DATA / "nemo_gym" / "aviary",

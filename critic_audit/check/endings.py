@@ -91,6 +91,9 @@ class Endings:
         at = int((lengths == top).sum())
         if at < 2:
             return None, f"only one row reaches the longest response ({top} tokens): no common cap to infer"
+        if at == lengths.size:
+            return None, (f"every one of the {at} rows has {top} response tokens: a fixed width, no evidence of a cap "
+                          "(pass --max-response-tokens N)")
         return top, f"inferred: {at} of {lengths.size} rows have exactly {top} response tokens, the longest"
 
 
@@ -428,10 +431,21 @@ def check_unanswered_tool_call(rollouts: Sequence[CheckRollout], ctx: CheckConte
 # --------------------------------------------------------------------------------------------- cap
 
 
+def _cap_evidence(at_share: float | None, below_share: float | None) -> bool:
+    """An inferred cap cuts rows: at least :data:`STOP_SHARE` of the rows at the longest response end
+    inside a turn (no stop token), more often than the shorter rows do (ending without the stop token
+    is then tied to the length, not to how this run's turns end)."""
+    return at_share is not None and at_share >= STOP_SHARE and (below_share is None or at_share > below_share)
+
+
 def check_response_cap_cut(rollouts: Sequence[CheckRollout], ctx: CheckContext) -> CheckOutcome:
     """Rows whose response length equals the response cap exactly and whose last token is inside a
     policy turn (mask 1, not the stop token), with no truncated flag: a merged multi-turn row cut at
-    the cap, its later turns, answer, log-probs and advantages gone with it (rllm PR #575): warn."""
+    the cap, its later turns, answer, log-probs and advantages gone with it (rllm PR #575): warn.
+    The cap is ``--max-response-tokens``, else inferred as the longest response when two rows or more
+    reach it and some rows are shorter (a batch of one width shows no cap); an inferred cap is
+    reported only on evidence (:func:`_cap_evidence`: most rows at it end inside a turn, more often
+    than the shorter rows), else the check is skipped, naming both shares."""
     spec = CheckSpec("response_cap_cut", "masks", "no merged row is cut at the response cap inside a policy turn",
                      "bound a merged multi-turn row by the whole trajectory's length (prompt + every action and "
                      "observation), not by the per-turn generation cap; drop or flag rows that do not fit instead of "
@@ -450,6 +464,13 @@ def check_response_cap_cut(rollouts: Sequence[CheckRollout], ctx: CheckContext) 
     cut = at & (e.trailing == 0) & ~e.ends_stop
     bad = cut & ~flag_tr
     multi = bad & (ctx.columns.n_turns >= 2)
+    inside = e.own & (e.trailing == 0) & ~e.ends_stop
+    below = e.own & (e.response < cap)
+    at_share, below_share = share(int(cut.sum()), int(at.sum())), share(int((inside & below).sum()), int(below.sum()))
+    if bad.any() and cfg.max_response_tokens is None and not _cap_evidence(at_share, below_share):
+        return spec.skip(f"no evidence of a response cap: {int(cut.sum())} of {int(at.sum())} rows at the longest "
+                         f"response ({cap} tokens) end inside a turn, against {int((inside & below).sum())} of "
+                         f"{int(below.sum())} shorter rows; pass --max-response-tokens N to check against the real cap")
     ex = [Example(rollouts[i].trajectory_id, int(ctx.columns.turn_k[e.last_turn[i]]), int(e.last_pos[i]),
                   f"{cap} response tokens (the cap), ends inside turn {int(ctx.columns.turn_k[e.last_turn[i]])} on "
                   f"{ctx.decode(int(e.last_id[i]))} after {int(e.last_len[i])} of its tokens", 1.0 + bool(multi[i]))
@@ -458,7 +479,8 @@ def check_response_cap_cut(rollouts: Sequence[CheckRollout], ctx: CheckContext) 
     counts = {"trajectories_checked": n, "at_cap": int(at.sum()), "cut_inside_turn": int(cut.sum()),
               "cut_unflagged": nb, "cut_unflagged_multi_turn": int(multi.sum()),
               "over_cap": int((e.own & (e.response > cap)).sum()) if cfg.max_response_tokens is not None else 0}
-    measured = {"response_cap": float(cap), "share_cut": share(int(cut.sum()), n)}
+    measured = {"response_cap": float(cap), "share_cut": share(int(cut.sum()), n), "share_at_cap_cut": at_share,
+                "share_below_cap_inside_turn": below_share}
     said = f"response cap: {cap_said}; stop token: {e.stop_said}"
     if nb:
         return spec(WARN, summary=f"{nb} of {n} rows ({int(multi.sum())} multi-turn) end inside a policy turn at exactly "
