@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 PLOT_PROCESS_MIN_BYTES = 16 << 20
 
 
+class PlotProcessError(RuntimeError):
+    """The plot process ended (killed, out of memory) before answering: the caller draws the plots itself."""
+
+
 class PlotProcess:
     """A child process that draws plots (module docstring); a context manager that ends it.
 
@@ -72,16 +76,19 @@ class PlotProcess:
                          "turns": turns, "steps": steps, "stems": None if stems is None else list(stems)},
                         f, protocol=pickle.HIGHEST_PROTOCOL)
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{job}\n".encode())
-        self.proc.stdin.flush()
         self.jobs += 1
+        try:
+            self.proc.stdin.write(f"{job}\n".encode())
+            self.proc.stdin.flush()
+        except OSError:  # the child is gone (a broken pipe): collect() says so
+            pass
 
     def collect(self, folder: Path) -> list[str]:
         """Wait for every job handed over, move its plots into ``folder/plots`` and return their stems
         (each job's in :func:`~critic_audit.report.render_plots` order, jobs in the order handed over).
 
         Raises:
-            the exception a job raised; RuntimeError: the child ended before answering.
+            the exception a job raised; PlotProcessError: the child ended before answering.
         """
         assert self.proc.stdout is not None
         stems: list[str] = []
@@ -90,8 +97,9 @@ class PlotProcess:
             if not line:
                 self._err.flush()
                 tail = (self.dir / "stderr.txt").read_text(errors="replace").strip().splitlines()[-3:]
-                raise RuntimeError(f"the plot process ended (exit code {self.proc.poll()}) before drawing the plots"
-                                   + (f": {' / '.join(tail)}" if tail else ""))
+                self.jobs = 0
+                raise PlotProcessError(f"the plot process ended (exit code {self.proc.poll()}) before drawing the "
+                                       "plots" + (f": {' / '.join(tail)}" if tail else ""))
             self.jobs -= 1
             status, path = line.split(" ", 1)
             with open(path, "rb") as f:
@@ -160,6 +168,7 @@ def _serve() -> None:
         try:
             with open(path, "rb") as f:
                 job = pickle.load(f)
+            path.unlink()  # (the tables it holds are in this process now: no second copy in a tmpfs /tmp)
             stems = render_plots(path.parent / "out", job.pop("tokens"), job.pop("per_trajectory"), **job)
         except Exception as e:  # noqa: BLE001 - handed back to the caller, who raises it
             try:

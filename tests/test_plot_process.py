@@ -71,3 +71,20 @@ def test_a_small_run_draws_its_plots_in_process(tmp_path, monkeypatch):
     run = _dump(tmp_path / "run", steps=2, rows=8)
     analyze([run], tmp_path / "s", scoring=None, audit_config=AuditConfig(n_boot=50), plots=True)
     assert (tmp_path / "s" / "plots" / "eta2_ev_by_checkpoint.png").exists()
+
+
+def test_a_plot_process_that_dies_leaves_the_plots_to_the_caller(tmp_path, monkeypatch):
+    from critic_audit import plot_process
+
+    def dead():
+        p = PlotProcess()
+        p.proc.kill()  # (killed, out of memory: before any job)
+        p.proc.wait()
+        return p
+
+    monkeypatch.setattr(plot_process, "PLOT_PROCESS_MIN_BYTES", 0)
+    monkeypatch.setattr(plot_process, "PlotProcess", dead)
+    run = _dump(tmp_path / "run", steps=2, rows=8)
+    analyze([run], tmp_path / "s", scoring=None, audit_config=AuditConfig(n_boot=50), plots=True)
+    assert {p.name for p in (tmp_path / "s" / "plots").iterdir()} >= {"value_traces.png", "eta2_ev_by_checkpoint.svg"}
+    assert "eta2_ev_by_checkpoint.png" in (tmp_path / "s" / "report.md").read_text()

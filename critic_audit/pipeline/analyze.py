@@ -613,6 +613,17 @@ def _try_stream(inputs: Sequence[str | Path], out_dir: Path, scorings: list[Scor
             plotter.close()
 
 
+def _collect_plots(plotter: Any, folder: Path) -> list[str] | None:
+    """The stems of the plots ``plotter`` drew, moved into ``folder/plots``; None when its process ended
+    before drawing them (the caller draws them itself)."""
+    from critic_audit.plot_process import PlotProcessError
+
+    try:
+        return plotter.collect(folder)
+    except PlotProcessError:
+        return None
+
+
 def _feed_plots(plotter: Any, event: str, value: Any) -> None:
     """Hand a streamed audit's plot inputs to ``plotter`` (a :class:`critic_audit.plot_process.PlotProcess`)
     as :func:`critic_audit.pipeline.stream.run_stream` tells them: every plot but the checkpoint one
@@ -645,10 +656,11 @@ def _write_streamed(inputs: Sequence[str | Path], out_dir: Path, run: Any, carri
         write_summary(tmp / "summary.json", summary)
         write_json(tmp / "config.json", config)
         write_stream_files(tmp, run, keep_tokens=keep_tokens)
-        if plots and plotter is not None and plotter.jobs:
+        stems = _collect_plots(plotter, tmp) if plots and plotter is not None and plotter.jobs else None
+        if stems is not None:
             from critic_audit.report import write_reports
 
-            write_reports(tmp, summary, plotter.collect(tmp))
+            write_reports(tmp, summary, stems)
         elif plots:
             from critic_audit.report import render_folder
 
