@@ -80,7 +80,8 @@ def test_wilson_at_the_design_effects_effective_n_golden():
     # whole): at least 1, never below; a constant flag has no design effect
     assert design_effect(flags, np.arange(40)) == pytest.approx(40 / 39)
     assert design_effect(np.tile([True, False], 20), np.repeat(np.arange(10), 4)) == 1.0
-    assert design_effect(np.ones(8, bool), np.repeat(np.arange(2), 4)) == 1.0
+    # every trajectory agrees: no estimate, the largest design effect the sizes allow (2 clusters of 4: 4)
+    assert design_effect(np.ones(8, bool), np.repeat(np.arange(2), 4)) == 4.0
 
 
 # --- loop references -----------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 import numpy as np
 
-__all__ = ["ClusterLayout", "cluster_layout", "has_clusters", "cluster_bootstrap_ci", "design_effect"]
+__all__ = ["ClusterLayout", "cluster_layout", "has_clusters", "cluster_bootstrap_ci", "design_effect",
+           "max_design_effect"]
 
 
 class ClusterLayout:
@@ -172,11 +173,21 @@ def design_effect(flags: np.ndarray, cluster: np.ndarray) -> float:
     """Design effect of a fraction estimated from clustered trajectories: the variance of ``k / n``
     over clusters (ratio estimator, clusters drawn with replacement: ``C / (C - 1) * sum_c (k_c - p
     n_c)^2 / n^2``) over the binomial ``p (1 - p) / n`` (Kish 1965), at least 1 (Korn & Graubard 1998
-    truncate it there). 1 when ``p`` is 0 or 1 or there are fewer than 2 clusters.
+    truncate it there).
+
+    When the data cannot estimate it (``p`` is 0 or 1: every trajectory agrees, so the between-cluster
+    variance is 0 whatever the clustering; or a single cluster), the design effect is the largest the
+    cluster sizes allow, that of an intra-cluster correlation of 1 (Kish 1965, section 5.4:
+    ``deff = 1 + (m - 1) rho``; for unequal sizes ``sum_c n_c^2 / n``, the weighted-cluster form), so
+    ``n / deff = n^2 / sum_c n_c^2``: the number of clusters when they are of one size, fewer when not.
+    A fallback of 1 there would treat 28 agreeing trajectories in 7 tasks as 28 independent draws.
 
     Args:
         flags: (n,) bool per trajectory (nulls already dropped).
         cluster: (n,) cluster code of each trajectory.
+
+    Returns:
+        float in ``[1, n]`` (1 for ``n = 0``).
     """
     y = np.asarray(flags, dtype=np.float64)
     n = y.size
@@ -186,8 +197,18 @@ def design_effect(flags: np.ndarray, cluster: np.ndarray) -> float:
     C = lay.n_clusters
     p = float(y.mean())
     if C < 2 or p <= 0.0 or p >= 1.0:
-        return 1.0
+        return max_design_effect(lay.lens)
     k_c = np.bincount(lay.local, weights=y, minlength=C)
     var_c = C / (C - 1) * float(np.sum((k_c - p * lay.lens) ** 2)) / (n * n)
     deff = var_c / (p * (1 - p) / n)
-    return max(1.0, deff) if math.isfinite(deff) else 1.0
+    return max(1.0, deff) if math.isfinite(deff) else max_design_effect(lay.lens)
+
+
+def max_design_effect(sizes: np.ndarray) -> float:
+    """The design effect at an intra-cluster correlation of 1, ``sum_c n_c^2 / n`` for cluster sizes
+    ``n_c`` ((C,) ints, ``n = sum_c n_c``): every cluster counts as one draw, weighted by its size, so the
+    effective sample size ``n / deff = n^2 / sum_c n_c^2`` is C for equal sizes (Kish 1965, *Survey
+    Sampling*, section 5.4). 1 for no trajectories."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    n = float(sizes.sum())
+    return float(np.sum(sizes * sizes)) / n if n > 0 else 1.0

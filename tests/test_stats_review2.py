@@ -1,0 +1,89 @@
+"""Review 2's statistics items: the design effect where the data cannot estimate it (#3)."""
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from critic_audit.analysis.audit import AuditConfig, audit
+from critic_audit.analysis.clusters import design_effect, max_design_effect
+from critic_audit.analysis.quality import GateConfig, wilson_interval
+
+Z = 1.959963984540054
+
+
+def test_agreeing_trajectories_count_their_clusters_golden():
+    # 28 trajectories in 7 tasks of 4, all flags true: deff = sum n_c^2 / n = 7 * 16 / 28 = 4, n_eff = 7;
+    # Wilson at 7 of 7: low end n / (n + z^2) = 7 / (7 + 3.8415) = 0.64567 (was [0.879, 1] at n = 28)
+    cl = np.repeat(np.arange(7), 4)
+    assert design_effect(np.ones(28, bool), cl) == 4.0
+    assert design_effect(np.zeros(28, bool), cl) == 4.0
+    lo, hi = wilson_interval(28 / 4, 28 / 4)
+    assert lo == pytest.approx(7 / (7 + Z * Z), rel=1e-12) and hi == 1.0
+    assert lo == pytest.approx(0.64567, abs=1e-5) and lo < 0.7
+    # unequal sizes 1 and 3: sum n_c^2 / n = 10 / 4 = 2.5, n_eff = 16 / 10 = 1.6 (< 2 clusters)
+    assert design_effect(np.ones(4, bool), np.array([0, 1, 1, 1])) == 2.5
+    # one cluster: no between-cluster variance at all, n_eff = 1 whatever p
+    assert design_effect(np.array([1, 1, 0, 1, 1, 0, 1, 1], bool), np.zeros(8)) == 8.0
+    assert max_design_effect(np.array([4, 4, 4])) == 4.0 and max_design_effect(np.array([], int)) == 1.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.floats(0, 1)), min_size=1, max_size=12), st.integers(0, 2**31))
+def test_design_effect_bounds(clusters, seed):
+    """1 <= deff <= n (n_eff between 1 and n); a constant flag gives exactly the ICC = 1 bound, n^2 / sum n_c^2
+    (loop reference)."""
+    rng = np.random.default_rng(seed)
+    sizes = [m for m, _ in clusters]
+    cl = np.repeat(np.arange(len(sizes)), sizes)
+    flags = np.concatenate([rng.random(m) < q for m, q in clusters])
+    n = cl.size
+    d = design_effect(flags, cl)
+    assert d >= 1.0
+    if len(sizes) < 2 or flags.all() or not flags.any():
+        assert d == pytest.approx(sum(m * m for m in sizes) / n, rel=1e-12) and d <= n
+    ref = sum(m * m for m in sizes) / n
+    assert design_effect(np.ones(n, bool), cl) == pytest.approx(ref, rel=1e-12)
+    assert n / design_effect(np.zeros(n, bool), cl) == pytest.approx(n * n / sum(m * m for m in sizes))
+    if all(m == sizes[0] for m in sizes):
+        assert n / ref == pytest.approx(len(sizes))
+
+
+def _agreeing(n_tasks=7, trials=4, seed=0):
+    """n_tasks x trials trajectories, 3 turns x 4 tokens with turn levels reward + 0, 0.1, 0.2 (+ noise 0.01): every
+    SS_B > SS_W; tasks alternate success, values follow the outcome."""
+    rng = np.random.default_rng(seed)
+    rows, ids, groups, rewards = [], [], [], []
+    for t in range(n_tasks):
+        for j in range(trials):
+            i = f"t{t}_{j}"
+            r = float(t % 2)
+            ids.append(i), groups.append(f"task{t}"), rewards.append(r)
+            for k in range(3):
+                rows += [(i, k * 10 + q, k, True, float(r + 0.1 * k + 0.01 * rng.normal())) for q in range(4)]
+    n = len(ids)
+    tokens = pl.DataFrame(rows, schema={"trajectory_id": pl.String, "position": pl.Int32, "turn": pl.Int32,
+                                        "response_mask": pl.Boolean, "value": pl.Float32}, orient="row")
+    trajs = pl.DataFrame({"trajectory_id": ids, "group_id": groups, "checkpoint": [None] * n, "source": ["s"] * n,
+                          "reward": rewards, "success": [r > 0 for r in rewards], "num_turns": [3] * n,
+                          "metadata": ["{}"] * n},
+                         schema_overrides={"group_id": pl.String, "checkpoint": pl.String, "num_turns": pl.Int32})
+    return trajs, tokens
+
+
+def test_agreeing_clusters_make_the_verdict_inconclusive():
+    trajs, tokens = _agreeing()
+    s = audit(trajs, tokens, AuditConfig(n_boot=300, gate=GateConfig(n_perm=300))).summary
+    for f in (s.frac_ss_between_gt_within, s.frac_var_turn_means_gt_mean_within_var, s.frac_f_gt_1):
+        assert (f.k, f.n, f.design_effect, f.n_effective) == (28, 28, 4.0, 7.0)
+        assert f.ci95[0] == pytest.approx(7 / (7 + Z * Z), rel=1e-9)
+    rec = s.recommendation
+    assert rec.verdict == "inconclusive" and not rec.confident and rec.leans == "turn_level"
+    # the same trajectories without groups: 28 independent draws, Wilson low end 28 / (28 + z^2) > 0.7
+    plain = audit(trajs.with_columns(group_id=pl.lit(None, pl.String)), tokens,
+                  AuditConfig(n_boot=300, gate=GateConfig(n_perm=300))).summary
+    assert plain.frac_ss_between_gt_within.ci95[0] == pytest.approx(28 / (28 + Z * Z), rel=1e-9)
+    assert math.isclose(28 / (28 + Z * Z), 0.87936, abs_tol=1e-5)
