@@ -326,8 +326,9 @@ def _joined_line(notes: dict[str, int]) -> str | None:
     success = (f"read the reward of {m} record(s) without a reward field from their success field (true -> 1.0, "
                "false -> 0.0; input.notes)") if m else None
     d = notes.get("duplicate_trajectories", 0)
-    dup = (f"warning: {d} trajector{'y' if d == 1 else 'ies'} repeat another file's id and content (copies of one "
-           "export?), read twice (input.notes.duplicate_trajectories)") if d else None
+    dup = (f"warning: {d} trajector{'y repeats' if d == 1 else 'ies repeat'} another file's id and content (copies "
+           f"of one export?): each audited once, {d} cop{'y' if d == 1 else 'ies'} dropped "
+           "(input.notes.duplicate_trajectories)") if d else None
     return "; ".join(x for x in (joined, success, dup) if x) or None
 
 

@@ -256,6 +256,10 @@ def _skipped_input(s: AuditSummary) -> str:
     m = sum(v for k, v in (inp.notes or {}).items() if k.startswith("reward_from_success_field"))
     success = (f" Rewards: {m} record{'' if m == 1 else 's'} without a reward field took the reward from the success "
                "field (true -> 1.0, false -> 0.0; `input.notes`).") if m else ""
+    d = (inp.notes or {}).get("duplicate_trajectories", 0)
+    if d:
+        success += (f" Copies: {d} rollout{'' if d == 1 else 's'} repeated another file's id and content (copies of "
+                    "one export), dropped: each rollout audited once (`input.notes.duplicate_trajectories`).")
     if not parts:
         return success
     return success + (" Not read: " + "; ".join(parts) + ", not counted above (examples: summary.json, "

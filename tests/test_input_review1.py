@@ -147,11 +147,12 @@ def test_two_copies_of_one_export_in_a_folder_are_refused_or_counted(tmp_path):
         read_all([d], ReadOptions())
     assert str(e.value) == (f"{d / 'b.jsonl'}: trajectory '0' has the same id and content as in {d / 'a.jsonl'} (3 "
                             "trajectories repeated across 2 files: two copies of one export?) (fix: read one copy (move "
-                            "the other out of the folder), or pass --lenient to read both (counted as "
-                            "duplicate_trajectories))")
+                            "the other out of the folder), or pass --lenient to audit each once (the copies dropped, "
+                            "counted as duplicate_trajectories))")
     rep = ReadReport()
     got = read_all([d], ReadOptions(lenient=True), report=rep)
-    assert [c.trajectory_id for c in got.conversations] == ["a/0", "a/1", "a/2", "b/0", "b/1", "b/2"]
+    # lenient: each rollout once (the first file's copy, its own id), the 3 later copies dropped and counted
+    assert [c.trajectory_id for c in got.conversations] == ["0", "1", "2"]
     assert rep.notes["duplicate_trajectories"] == 3
     # two runs that reuse ids (other content): qualified by file, no error, nothing counted
     _chat_rows(d / "b.jsonl", "another run")
@@ -173,8 +174,13 @@ def test_a_jsonl_and_its_parquet_copy_are_one_export_for_analyze_and_check(tmp_p
     with pytest.raises(InputError, match=want):
         load_rollouts([d], read_options=ReadOptions(require_reward=False))
     rep = ReadReport()
-    load_rollouts([d], read_options=ReadOptions(require_reward=False, lenient=True), report=rep)
-    assert rep.notes["duplicate_trajectories"] == 4
+    got = load_rollouts([d], read_options=ReadOptions(require_reward=False, lenient=True), report=rep)
+    assert rep.notes["duplicate_trajectories"] == 4 and sorted(r.trajectory_id for r in got) == ["t0", "t1", "t2", "t3"]
+    rep = ReadReport()
+    tabs = read_all([d], ReadOptions(lenient=True), report=rep).tables
+    assert sum(tr.height for _, tr, _, _ in tabs) == 4 and rep.notes["duplicate_trajectories"] == 4
+    assert sorted(x for _, tr, _, _ in tabs for x in tr["trajectory_id"].cast(pl.String).to_list()) == [
+        "t0", "t1", "t2", "t3"]
     pl.read_ndjson(src).with_columns(reward=pl.lit(0.5)).write_parquet(d / "a.parquet")  # another run, same ids
     assert len(load_rollouts([d], read_options=ReadOptions(require_reward=False))) == 8
 

@@ -87,3 +87,42 @@ def test_agreeing_clusters_make_the_verdict_inconclusive():
                   AuditConfig(n_boot=300, gate=GateConfig(n_perm=300))).summary
     assert plain.frac_ss_between_gt_within.ci95[0] == pytest.approx(28 / (28 + Z * Z), rel=1e-9)
     assert math.isclose(28 / (28 + Z * Z), 0.87936, abs_tol=1e-5)
+
+
+def _chat_group_rows(path, n=12):
+    """n chat rollouts, 4 per task (group_id), 3 assistant turns each, reward alternating by task."""
+    import json
+
+    rows = []
+    for i in range(n):
+        msgs = [{"role": "user", "content": f"q{i}"}]
+        for k in range(3):
+            msgs += [{"role": "assistant", "content": f"a{i} {k}"}, {"role": "user", "content": f"u{k}"}]
+        rows.append(json.dumps({"id": str(i), "group_id": f"task{i // 4}", "reward": float((i // 4) % 2),
+                                "messages": msgs[:-1]}))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_lenient_copies_are_audited_once_and_reported(tmp_path):
+    """#9: a.jsonl and its copy b.jsonl: --lenient reads 12 rollouts in 3 tasks, not 24 in 6 clusters; the
+    copies are counted in input.notes and named in report.md's coverage line."""
+    from critic_audit.io.inputs import read_all
+    from critic_audit.io.records import ReadOptions, ReadReport
+
+    d = tmp_path / "mix"
+    d.mkdir()
+    _chat_group_rows(d / "a.jsonl")
+    (d / "b.jsonl").write_bytes((d / "a.jsonl").read_bytes())
+    rep = ReadReport()
+    convs = read_all([d], ReadOptions(lenient=True), report=rep).conversations
+    assert [c.trajectory_id for c in convs] == [str(i) for i in range(12)]
+    assert sorted({c.group_id for c in convs}) == ["task0", "task1", "task2"]  # not a/task0 and b/task0
+    assert rep.notes["duplicate_trajectories"] == 12
+    from critic_audit.report import report_markdown
+    from critic_audit.summary import AuditSummary
+
+    s = AuditSummary(n_trajectories=12, n_included=0).to_dict()
+    s["input"] = {"notes": {"duplicate_trajectories": 12}}
+    md = report_markdown(s, [])
+    assert "Copies: 12 rollouts repeated another file's id and content (copies of one export), dropped" in md

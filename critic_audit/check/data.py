@@ -485,7 +485,11 @@ def load_rollouts(
         table_specs += [tf.spec] * len(got)
     convs = read.conversations or []
     # one id policy with analyze (io.detect.apply_id_policy): ids / groups found in several files qualified
-    apply_id_policy([*convs, *table_rollouts], [*read.conversation_files, *table_specs], rep, lenient=ropts.lenient)
+    gone = set(apply_id_policy([*convs, *table_rollouts], [*read.conversation_files, *table_specs], rep,
+                               lenient=ropts.lenient))
+    if gone:  # --lenient: a rollout repeated in another file (same id and content) is checked once
+        convs = [c for i, c in enumerate(convs) if i not in gone]
+        table_rollouts = [r for i, r in enumerate(table_rollouts, len(read.conversations or [])) if i not in gone]
     out: list[CheckRollout] = []
     if convs:
         out += _from_conversations(convs, tokenizer, tokenize_config or TokenizeConfig(), ropts, rep)

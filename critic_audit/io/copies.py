@@ -60,25 +60,30 @@ def repeated_copies(items: Sequence[Any], labels: Sequence[str]) -> list[tuple[i
     return out
 
 
-def refuse_or_note_copies(items: Sequence[Any], specs: Sequence[Any], lenient: bool, report: Any) -> int:
-    """Refuse (strict) or count in ``report.notes[DUPLICATE_NOTE]`` (lenient: both copies kept, qualified
-    by file) the trajectories of ``items`` repeated with the same id and content in another file
-    (``specs[i]``: the file of ``items[i]``). Returns how many were found.
+def refuse_or_note_copies(items: Sequence[Any], specs: Sequence[Any], lenient: bool, report: Any) -> list[int]:
+    """Refuse (strict) or, lenient, drop the trajectories of ``items`` repeated with the same id and content
+    in another file (``specs[i]``: the file of ``items[i]``): the first copy read is kept, every later copy
+    is returned for the caller to drop and counted in ``report.notes[DUPLICATE_NOTE]``. A copy audited
+    twice would be two clusters of one rollout, and narrow every interval with no new evidence.
+
+    Returns:
+        The sorted positions in ``items`` of the copies to drop (empty when none).
 
     Raises:
         InputError: such a trajectory, not lenient: naming both files, the record and the count.
     """
     pairs = repeated_copies(items, [s.label for s in specs])
     if not pairs:
-        return 0
+        return []
     if not lenient:
         first, again = pairs[0]
         files = len({specs[j].path for pair in pairs for j in pair})
         raise InputError(f"trajectory {str(items[again].trajectory_id)!r} has the same id and content as in "
                          f"{shown_path(specs[first].path)} ({len(pairs)} trajector{'y' if len(pairs) == 1 else 'ies'} repeated "
                          f"across {files} files: two copies of one export?)", path=specs[again].path,
-                         fix="read one copy (move the other out of the folder), or pass --lenient to read both "
-                             f"(counted as {DUPLICATE_NOTE})")
+                         fix="read one copy (move the other out of the folder), or pass --lenient to audit each "
+                             f"once (the copies dropped, counted as {DUPLICATE_NOTE})")
+    drop = sorted({again for _, again in pairs})
     if report is not None:
-        report.notes[DUPLICATE_NOTE] += len(pairs)
-    return len(pairs)
+        report.notes[DUPLICATE_NOTE] += len(drop)
+    return drop

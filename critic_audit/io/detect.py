@@ -816,25 +816,32 @@ def file_qualified(values: Sequence[str | None], scopes: Sequence[str]) -> list[
 
 
 def apply_id_policy(items: Sequence[Any], specs: Sequence[FileSpec], report: ReadReport | None = None, *,
-                    lenient: bool = False) -> int:
+                    lenient: bool = False) -> list[int]:
     """Qualify, in place, the ``trajectory_id`` of every item (a :class:`Conversation`, a check rollout)
     found in more than one file as ``{file label}/{id}`` and its ``group_id`` found in more than one
     :func:`group_scope` as ``{scope}/{group}`` (:func:`file_qualified`; ``specs[i]``: the file of
     ``items[i]``). The file's own id is kept in ``metadata['id_in_file']`` (``group_in_file``) where the
-    item has a metadata dict. Counts go to ``report.notes``. Returns the number of ids changed.
+    item has a metadata dict. Counts go to ``report.notes``.
 
     A trajectory found with the same id and content in two files (two copies of one export) is refused,
-    or with ``lenient`` counted as ``duplicate_trajectories`` in ``report.notes``
-    (:func:`critic_audit.io.copies.refuse_or_note_copies`).
+    or with ``lenient`` kept once: the later copies are left out of the id policy (the kept copy keeps its
+    id and group) and their positions returned for the caller to drop, counted as
+    ``duplicate_trajectories`` in ``report.notes`` (:func:`critic_audit.io.copies.refuse_or_note_copies`).
+
+    Returns:
+        The sorted positions in ``items`` of the copies to drop (empty without copies).
 
     Raises:
         InputError: a trajectory repeated with the same id and content in another file (not lenient).
     """
-    refuse_or_note_copies(items, specs, lenient, report)
-    tids = file_qualified([x.trajectory_id for x in items], [s.label for s in specs])
-    gids = file_qualified([x.group_id for x in items], [group_scope(s) for s in specs])
+    drop = refuse_or_note_copies(items, specs, lenient, report)
+    gone = set(drop)
+    keep = [i for i in range(len(items)) if i not in gone]
+    kept_items, kept_specs = [items[i] for i in keep], [specs[i] for i in keep]
+    tids = file_qualified([x.trajectory_id for x in kept_items], [s.label for s in kept_specs])
+    gids = file_qualified([x.group_id for x in kept_items], [group_scope(s) for s in kept_specs])
     n = g = 0
-    for x, tid, gid in zip(items, tids, gids):
+    for x, tid, gid in zip(kept_items, tids, gids):
         meta = getattr(x, "metadata", None)
         if tid != x.trajectory_id:
             if isinstance(meta, dict):
@@ -849,7 +856,7 @@ def apply_id_policy(items: Sequence[Any], specs: Sequence[FileSpec], report: Rea
             report.notes["trajectory_ids_qualified_with_file"] += n
         if g:
             report.notes["group_ids_qualified_with_file"] += g
-    return n
+    return drop
 
 
 def qualify_ids(convs: list[Conversation], labels: list[str]) -> int:
@@ -890,8 +897,8 @@ def iter_conversations(path: str | Path, fmt: str | None = None, options: ReadOp
         for c in read_conversations(spec, opts, rep):
             convs.append(c)
             specs.append(spec)
-    apply_id_policy(convs, specs, rep, lenient=opts.lenient)
-    return iter(convs)
+    gone = set(apply_id_policy(convs, specs, rep, lenient=opts.lenient))
+    return iter([c for i, c in enumerate(convs) if i not in gone])
 
 
 def is_table_format(fmt: str) -> bool:

@@ -98,8 +98,8 @@ def read_inputs(paths: Sequence[str | Path], options: ReadOptions = ReadOptions(
     rep = report if report is not None else ReadReport()
     res = list(resolved) if resolved is not None else resolve_inputs(list(paths), options, rep)
     convs, specs = _read_conversation_files(res, options, rep, named=resolved is None)
-    apply_id_policy(convs, specs, rep, lenient=options.lenient)
-    return convs
+    gone = set(apply_id_policy(convs, specs, rep, lenient=options.lenient))
+    return [c for i, c in enumerate(convs) if i not in gone]
 
 
 def _read_conversation_files(res: Sequence[ResolvedInput], options: ReadOptions, rep: ReadReport, *,
@@ -271,7 +271,9 @@ def qualify_all(convs: list[Conversation], conv_specs: Sequence[FileSpec], parts
                 part_specs: Sequence[FileSpec], report: ReadReport, *, lenient: bool = False) -> list[TablePart]:
     """Apply the one id policy (:func:`critic_audit.io.detect.apply_id_policy`) across conversations
     (in place) and table parts (returned with their trajectory ids, group ids and ``pre_excluded`` keys
-    renamed): ``analyze`` and ``check`` give a file's rollouts the same ids."""
+    renamed): ``analyze`` and ``check`` give a file's rollouts the same ids. With ``lenient``, a rollout
+    repeated with the same id and content in another file is kept once: its later copies are removed from
+    ``convs`` (in place) and from the parts' tables (counted in ``report.notes["duplicate_trajectories"]``)."""
     rows: list[list[_Row]] = []
     for _, tr, _, _ in parts:
         tids = tr["trajectory_id"].cast(pl.String).to_list()
@@ -281,11 +283,19 @@ def qualify_all(convs: list[Conversation], conv_specs: Sequence[FileSpec], parts
     flat = [x for rs in rows for x in rs]
     flat_specs = [s for rs, s in zip(rows, part_specs) for _ in rs]
     before = [(x.trajectory_id, x.group_id) for x in flat]
-    apply_id_policy([*convs, *flat], [*conv_specs, *flat_specs], report, lenient=lenient)
+    gone = set(apply_id_policy([*convs, *flat], [*conv_specs, *flat_specs], report, lenient=lenient))
+    base = len(convs)
+    if gone:
+        convs[:] = [c for i, c in enumerate(convs) if i not in gone]
     out, k = [], 0
     for (path, tr, tk, pre), rs in zip(parts, rows):
         old = before[k:k + len(rs)]
+        dropped = [o[0] for j, o in enumerate(old) if base + k + j in gone]
         k += len(rs)
+        if dropped:  # copies of rollouts read from another file: audited once
+            tr = tr.filter(~pl.col("trajectory_id").cast(pl.String).is_in(dropped))
+            tk = tk.filter(~pl.col("trajectory_id").cast(pl.String).is_in(dropped))
+            pre = {key: v for key, v in pre.items() if key not in set(dropped)}
         tmap = {o[0]: x.trajectory_id for o, x in zip(old, rs) if o[0] != x.trajectory_id}
         gmap = {o[1]: x.group_id for o, x in zip(old, rs) if o[1] is not None and o[1] != x.group_id}
         if tmap:
