@@ -126,3 +126,78 @@ def test_lenient_copies_are_audited_once_and_reported(tmp_path):
     s["input"] = {"notes": {"duplicate_trajectories": 12}}
     md = report_markdown(s, [])
     assert "Copies: 12 rollouts repeated another file's id and content (copies of one export), dropped" in md
+
+
+# --- #4: rewards and values beyond MAX_MAGNITUDE (1e100) are refused in one line, by analyze and check ---
+
+def _tok_rows(path, reward_of_t1=1.0, value=None):
+    """4 tokenized rows (JSONL) with values; row t1's reward and its values[2] set by the caller."""
+    import json
+
+    rows = []
+    for i in range(4):
+        vals = [None, None, 0.1 * i, 0.2 * i, None, 0.3 * i, 0.4 * i]
+        if i == 1 and value is not None:
+            vals[2] = value
+        rows.append({"trajectory_id": f"t{i}", "input_ids": [1, 2, 3, 4, 5, 6, 7],
+                     "response_mask": [0, 0, 1, 1, 0, 1, 1], "values": vals,
+                     "reward": reward_of_t1 if i == 1 else float(i % 2)})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_out_of_range_reward_and_value_are_refused_naming_record_and_field(tmp_path, suffix):
+    from critic_audit.check import load_rollouts
+    from critic_audit.errors import InputError
+    from critic_audit.io.inputs import read_all
+    from critic_audit.io.records import MAX_MAGNITUDE, ReadOptions, ReadReport
+
+    assert MAX_MAGNITUDE == 1e100
+
+    def make(name, **kw):
+        p = _tok_rows(tmp_path / f"{name}.jsonl", **kw)
+        if suffix == "parquet":
+            pl.read_ndjson(p).write_parquet(tmp_path / f"{name}.parquet")
+            p.unlink()
+            p = tmp_path / f"{name}.parquet"
+        return p
+
+    line = " (line 2, id 't1')" if suffix == "jsonl" else " (id 't1')"
+    huge = make("huge", reward_of_t1=1e300)
+    want = (f"{huge}: record 1{line}: reward 'reward' = 1e+300 is out of range (|reward| > 1e+100: the audit's "
+            "statistics would overflow) (fix: give the record a reward of ordinary size, or drop the record)")
+    for read in (lambda o: read_all([huge], o), lambda o: load_rollouts([huge], read_options=o)):
+        with pytest.raises(InputError) as e:
+            read(ReadOptions())
+        assert str(e.value) == want
+    bigv = make("bigv", value=-1e300)
+    with pytest.raises(InputError) as e:
+        load_rollouts([bigv], read_options=ReadOptions())
+    assert str(e.value) == (f"{bigv}: record 1{line}: values[2] = -1e+300 is out of range (|x| > 1e+100: the audit's "
+                            "statistics would overflow) (fix: write values at its real scale (null where unknown))")
+    with pytest.raises(InputError, match=r"values\[2\] = -1e\+300 is out of range"):
+        read_all([bigv], ReadOptions())
+    # --lenient skips the row and counts it; the bound itself is read
+    rep = ReadReport()
+    got = load_rollouts([huge], read_options=ReadOptions(lenient=True), report=rep)
+    assert [r.trajectory_id for r in got] == ["t0", "t2", "t3"] and sum(rep.skipped.values()) == 1
+    edge = make("edge", reward_of_t1=-1e100, value=1e100)
+    assert sorted(r.trajectory_id for r in load_rollouts([edge], read_options=ReadOptions())) == ["t0", "t1", "t2", "t3"]
+
+
+def test_out_of_range_reward_in_canonical_tables_is_refused(tmp_path):
+    from critic_audit.errors import InputError
+    from critic_audit.io.tables import read_tables
+
+    d = tmp_path / "canon"
+    d.mkdir()
+    trajs, tokens = _agreeing(n_tasks=2, trials=2)
+    trajs.with_columns(reward=pl.Series([0.0, -1e300, 1.0, 1.0])).write_parquet(d / "trajectories.parquet")
+    tokens.write_parquet(d / "tokens.parquet")
+    with pytest.raises(InputError) as e:
+        read_tables(d)
+    assert str(e.value) == (f"{d / 'trajectories.parquet'}: record 1 (trajectory 't0_1'): trajectories table: reward = "
+                            "-1e+300 is out of range (|reward| > 1e+100: the audit's statistics would overflow) (1 such "
+                            "row) (fix: give the trajectory a finite reward of ordinary size (null where it has none), "
+                            "or pass --lenient to skip it)")

@@ -21,7 +21,14 @@ from typing import Any
 
 from critic_audit.errors import ConfigError, InputError, UsageError
 
+#: The largest magnitude of a reward or a critic value the audit reads (larger ones are refused, naming the
+#: file, the record and the field): no real reward or value is that large, and below it the audit's sums
+#: of squares stay finite (1e200 a token, 1e209 over 1e9 tokens) where a 1e300 reward overflowed them and
+#: read as "the reward does not vary".
+MAX_MAGNITUDE = 1e100
+
 __all__ = [
+    "MAX_MAGNITUDE",
     "ReadOptions", "ReadReport", "RecordContext", "Fields", "IdRegistry",
     "record_fields", "fields_conversation", "success_of", "reward_from_note", "guarded", "convert_records", "error", "reason_of",
     "finite_number", "number_array",
@@ -396,6 +403,9 @@ def reward_value(value: Any, field: str, ctx: RecordContext) -> float:
     if math.isinf(r):
         raise ctx.error(f"reward {field!r} is infinite ({short(value)})",
                         fix="give the record a finite reward, or drop the record")
+    if abs(r) > MAX_MAGNITUDE:
+        raise ctx.error(f"reward {field!r} = {r:g} is out of range (|reward| > {MAX_MAGNITUDE:g}: the audit's "
+                        "statistics would overflow)", fix="give the record a reward of ordinary size, or drop the record")
     return r
 
 

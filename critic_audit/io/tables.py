@@ -19,7 +19,7 @@ import polars as pl
 
 from critic_audit.errors import InputError, SchemaError
 from critic_audit.io.detect import entry_error, entry_problem
-from critic_audit.io.records import ReadOptions, ReadReport, short, type_name
+from critic_audit.io.records import MAX_MAGNITUDE, ReadOptions, ReadReport, short, type_name
 from critic_audit.io.tokenized import tokenized_columns
 from critic_audit.schema import (  # noqa: F401  (PRE_SCORING_EXCLUSIONS: re-exported)
     PRE_SCORING_EXCLUSIONS,
@@ -120,7 +120,7 @@ def _without(df: pl.DataFrame, ids: set[str]) -> pl.DataFrame:
 
 
 def has_nonfinite_reward(path: str | Path) -> bool:
-    """The trajectories table at ``path`` has a NaN or +-inf ``reward`` (read alone: the streamed
+    """The trajectories table at ``path`` has a NaN, +-inf or out-of-range (> 1e100) ``reward`` (read alone: the streamed
     reader hands such tables to the in-memory one, which refuses or skips those rows); False for a file
     without a float reward column or that cannot be read (its reader names it)."""
     try:
@@ -128,27 +128,29 @@ def has_nonfinite_reward(path: str | Path) -> bool:
     except Exception:  # noqa: BLE001 - no reward column, or corrupt: the reader reports it
         return False
     r = df["reward"]
-    return r.dtype.is_float() and bool((r.is_nan() | r.is_infinite()).fill_null(False).any())
+    return r.dtype.is_float() and bool((r.is_nan() | (r.abs() > MAX_MAGNITUDE)).fill_null(False).any())
 
 
 def _nonfinite_rewards(trajs: pl.DataFrame, path: Path, options: ReadOptions | None,
                        report: ReadReport | None) -> set[str]:
-    """The trajectories whose ``reward`` is NaN or +-inf (a null is "no reward"), refused as JSON input
-    refuses them; counted as ``bad_reward`` under ``--lenient``.
+    """The trajectories whose ``reward`` is NaN, +-inf or beyond +-``MAX_MAGNITUDE`` (1e100; a null is "no
+    reward"), refused as JSON input refuses them; counted as ``bad_reward`` under ``--lenient``.
 
     Raises:
         InputError: such a row, not lenient: naming the file, the row and trajectory, and the value.
     """
     if "reward" not in trajs.columns or not trajs.schema["reward"].is_float() or "trajectory_id" not in trajs.columns:
         return set()
-    bad = trajs.select(pl.col("reward").is_nan() | pl.col("reward").is_infinite()).to_series().fill_null(False)
+    bad = trajs.select(pl.col("reward").is_nan() | (pl.col("reward").abs() > MAX_MAGNITUDE)).to_series().fill_null(False)
     if not bad.any():
         return set()
     rows = bad.arg_true()
     i = int(rows[0])
     tid, r = trajs["trajectory_id"][i], trajs["reward"][i]
-    what = "is NaN" if math.isnan(r) else f"is infinite ({r})"
-    fix = "give the trajectory a finite reward (null where it has none), or pass --lenient to skip it"
+    what = ("is NaN" if math.isnan(r) else f"is infinite ({r})" if math.isinf(r) else
+            f"= {r:g} is out of range (|reward| > {MAX_MAGNITUDE:g}: the audit's statistics would overflow)")
+    fix = (f"give the trajectory a finite reward{'' if math.isnan(r) or math.isinf(r) else ' of ordinary size'} "
+           "(null where it has none), or pass --lenient to skip it")
     n = f"{len(rows)} such row{'s' if len(rows) != 1 else ''}"
     err = InputError(f"trajectories table: reward {what} ({n}{', skipped' if options and options.lenient else ''})",
                      path=path, record=f"{i} (trajectory {str(tid)!r})", fix=fix)

@@ -36,7 +36,7 @@ import polars as pl
 
 from critic_audit.errors import InputError
 from critic_audit.io.records import (
-    JSONL_SUFFIXES, REWARD_KEYS, ReadOptions, ReadReport, RecordContext, convert_records, error, finite_number,
+    JSONL_SUFFIXES, MAX_MAGNITUDE, REWARD_KEYS, ReadOptions, ReadReport, RecordContext, convert_records, error, finite_number,
     iter_json_records, iter_jsonl, number_array, record_fields, short, type_name,
 )
 from critic_audit.schema import TOKEN_SCHEMA, TRAJECTORY_SCHEMA, json_problem, validate, value_error
@@ -199,6 +199,12 @@ def _float_list(v: Any, name: str, ctx: RecordContext, *, nonfinite_ok: bool = F
                     and not (nonfinite_ok and isinstance(x, float)))
         raise error(ctx, "bad_values", f"{name}[{i}] = {short(x, 30)} is not a finite number",
                     f"write {name} as a list of finite numbers (null where unknown)")
+    with np.errstate(invalid="ignore"):
+        big = np.isfinite(out) & (np.abs(out) > MAX_MAGNITUDE)  # (+-inf of NONFINITE_OK fields: kept, counted)
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        raise error(ctx, "bad_values", f"{name}[{i}] = {out[i]:g} is out of range (|x| > {MAX_MAGNITUDE:g}: the "
+                    "audit's statistics would overflow)", f"write {name} at its real scale (null where unknown)")
     return out
 
 
@@ -983,6 +989,10 @@ def _token_columns(table: Any, n: np.ndarray) -> _TokenColumns | None:
             bad |= np.isnan(values) & (mask if keep is None else mask & keep)
         if got[1] is not None:
             bad |= got[1] > 0
+        with np.errstate(invalid="ignore"):
+            big = np.abs(values) > MAX_MAGNITUDE  # out of range: the row path names it
+        if big.any():
+            bad |= big
     return _TokenColumns(offsets, got_ids[0], mask, keep, values, _bad_rows(offsets, bad))
 
 
@@ -1133,7 +1143,8 @@ def _columnar_rows(table: Any, file: Path, first: int, label: str, *,
     if not token_arrays:  # only the field name of the per-token rewards goes on (into the metadata)
         side = {k: (f, None) for k, (f, _) in side.items() if k == "token_rewards"}
         nonfinite = {}
-        values = None if values is None else values.astype(np.float32, copy=False)  # the tables' dtype
+        with np.errstate(over="ignore"):  # an out-of-range row is bad: read again row by row, which names it
+            values = None if values is None else values.astype(np.float32, copy=False)  # the tables' dtype
     group = _FlatGroup(*bounds, ids, mask, values, side, nonfinite, pad, sums)
     return _group_rows(table, rows, group, tc.bad, scalar_sums)
 
