@@ -74,9 +74,9 @@ def check_rollouts(
     if tok_path is not None:
         tok = _load_tokenizer(Path(tok_path), trust_remote_code)
     report = ReadReport()
-    rollouts = load_rollouts(inputs, read_options=read_options, tokenizer=tok,
-                             tokenize_config=TokenizeConfig(chat_template=chat_template, keep_template_system=True),
-                             report=report)
+    tcfg = TokenizeConfig(chat_template=chat_template, keep_template_system=True)
+    rollouts = load_rollouts(inputs, read_options=read_options, tokenizer=tok, tokenize_config=tcfg, report=report)
+    rollouts, reward_note = _rewards_as_analyze(rollouts, report, read_options, inputs)
     if not rollouts:  # a gate that passes on nothing would pass on a broken export
         from critic_audit.errors import InputError
 
@@ -85,7 +85,7 @@ def check_rollouts(
                          path=inputs[0] if len(inputs) == 1 else None,
                          fix="pass a file with at least one record" + (" (drop --lenient to see the first bad "
                                                                         "record)" if skipped else ""))
-    notes = _skip_notes(report)
+    notes = _skip_notes(report) + ([reward_note] if reward_note else [])
     if policy is not None:
         from critic_audit.check.policy import apply_policy
 
@@ -97,6 +97,72 @@ def check_rollouts(
                       policy=None if policy is None else str(policy))
     res.input = {**report.as_dict(), "rows_read": dict(report.rows_read)}
     return res
+
+
+def _where(r: Any) -> str:
+    """A rollout as an error names it: its file and record (conversations), else its collection and id."""
+    return r.source if ": record" in r.source else f"{r.collection or 'input'}: trajectory {r.trajectory_id!r}"
+
+
+def _rewards_as_analyze(rollouts: list[Any], report: Any, ropts: Any, inputs: Sequence[Any]) -> tuple[list[Any], str]:
+    """Hold the rewards to ``analyze``'s rule (review 2 #6); ``rollouts`` were read without requiring one.
+    ``--reward-key`` that no rollout has is an error. Within one collection (a file, or the folder
+    that tells files apart; ``--source``: all of them) some rollouts with a reward and others without
+    (no field, or null) is one error line naming the first such record and the field looked for, or
+    with ``--lenient`` those rollouts are skipped and counted in ``report`` (``missing_reward``). A
+    collection with no reward at all (a format that carries none, e.g. prime-rl's token exports since
+    2026-06-27) is kept, with a note: the reward checks read the other rollouts.
+
+    Returns:
+        (rollouts kept, note: '' or a line for the report's notes).
+
+    Raises:
+        InputError: ``--reward-key`` that no record has; a rollout without a reward beside rewarded
+            ones of its collection (strict mode).
+    """
+    from collections import Counter
+
+    from critic_audit.errors import InputError
+    from critic_audit.io.records import REWARD_KEYS, ReadOptions
+
+    ropts = ropts or ReadOptions(require_reward=False)
+    has = [r.reward is not None or r.token_rewards is not None for r in rollouts]
+    n, have = len(rollouts), sum(has)
+    if have == n:
+        return rollouts, ""
+    key = ropts.reward_key
+    wanted = repr(key) if key else f"any of {list(REWARD_KEYS)}"
+    if key is not None and not have:
+        raise InputError(f"missing reward: none of the {n} rollouts has a field {key!r} (or it is null in every one)",
+                         path=inputs[0] if len(inputs) == 1 else None,
+                         fix=f"--reward-key {key} names a field no record has: name the field that holds the "
+                             f"reward, or drop --reward-key to look for any of {list(REWARD_KEYS)}")
+    per, got = Counter(r.collection for r in rollouts), Counter(r.collection for r, h in zip(rollouts, has) if h)
+    mixed = [not h and got[r.collection] > 0 for r, h in zip(rollouts, has)]
+    nm = sum(mixed)
+    for r, m in zip(rollouts, mixed):
+        if not m:
+            continue
+        err = InputError(f"{_where(r)}: missing reward: no non-null field {wanted}, while "
+                         f"{got[r.collection]} of the {per[r.collection]} rollouts of {r.collection!r} have one",
+                         fix="give every record a numeric reward, name the field that holds it with --reward-key, or "
+                             "pass --lenient to skip (and count) the records without one")
+        err.reason = "missing_reward"  # type: ignore[attr-defined]
+        if not ropts.lenient:
+            raise err
+        report.skip(err)
+    kept = [r for r, m in zip(rollouts, mixed) if not m]
+    if nm:
+        report.records_read = len(kept)
+    none = n - have - nm
+    notes = ([f"{nm} of {n} rollouts have no reward beside rewarded ones of their file: skipped (--lenient)"]
+             if nm else [])
+    if none:
+        cols = sorted({str(r.collection) for r, h, m in zip(rollouts, has, mixed) if not h and not m})
+        notes.append(f"{none} of {n} rollouts carry no reward (no field {wanted}; "
+                     f"{', '.join(cols[:3])}{' ...' if len(cols) > 3 else ''}): the reward checks read the other "
+                     f"{n - none - nm}")
+    return kept, "; ".join(notes)
 
 
 def _skip_notes(report: Any) -> list[str]:
