@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - an older typer runs on click itself
     import click  # type: ignore[no-redef]
 
 from critic_audit.cli_render import (
-    check_tables, checkpoints_table, critics_table, escape, monitor_tables, summary_table,
+    check_tables, checkpoint_reasons, checkpoints_table, critics_table, escape, monitor_tables, summary_table,
 )
 from critic_audit.choices import (
     CHOICES, Algo, Backend, Dtype, Engine, InputFormat, Overlong, Reference, RequestAssistant, RewardLayout, Scope,
@@ -507,6 +507,11 @@ def analyze(
         out.print(summary_table(s))
         if len(s.by_checkpoint or {}) > 1:
             out.print(checkpoints_table(s))
+            why = checkpoint_reasons(s)
+            if why:
+                out.print("why these checkpoints get no credit verdict (failed gate conditions):", soft_wrap=True)
+                for line in why:
+                    out.print(line, soft_wrap=True)
         if s.coverage and s.coverage.warning:
             err.print(f"[yellow]warning:[/yellow] {escape(s.coverage.warning)}", soft_wrap=True)
         rec = s.recommendation

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from critic_audit.summary import format_p
+
 if TYPE_CHECKING:
     from critic_audit.summary import AuditSummary
 
-__all__ = ["GATE_MARK", "check_tables", "checkpoints_table", "critics_table", "escape", "fmt", "fmt_ci",
+__all__ = ["GATE_MARK", "check_tables", "checkpoint_reasons", "checkpoints_table", "critics_table", "escape", "fmt", "fmt_ci",
            "monitor_tables", "summary_table"]
 
 
@@ -93,7 +95,7 @@ def summary_table(s: AuditSummary) -> Table:
     if g:
         c = g.corr_within_stratum or Interval()
         t.add_row(f"quality gate{' (pooled: different critics)' if pooled else ''}: within-source corr (p) / EV", f"{g.status}: {fmt(c.estimate)} "
-                  f"(p {fmt(c.p_value, '.3f')}) / {fmt_ci(g.explained_variance_within_stratum)}")
+                  f"(p {format_p(c.p_value)}) / {fmt_ci(g.explained_variance_within_stratum)}")
     for key, d in (s.by_success or {}).items():
         t.add_row(f"  success={key}: n, median eta2", f"{d.n_included}, {fmt_ci(d.eta2_median)}")
     inf = s.run.inference or {}
@@ -122,9 +124,18 @@ def checkpoints_table(s: AuditSummary) -> Table:
             verdict += f" (leans {rec.leans})"
         t.add_row(escape(k), str(r.n_included), fmt_ci(r.eta2_median), fmt_ci(r.frac_ss_between_gt_within),
                   fmt_ci(g.explained_variance_within_stratum),
-                  f"{fmt(c.estimate)} ({fmt(c.p_value, '.3f')})",
+                  f"{fmt(c.estimate)} (p {format_p(c.p_value)})",
                   ("no data" if not r.n_included else "too few trajectories: no verdict") if r.low_n else verdict)
     return t
+
+
+def checkpoint_reasons(s: AuditSummary) -> list[str]:
+    """One line per checkpoint of ``analyze``'s table by checkpoint that gets no credit verdict because of
+    its critic or its data (``critic_too_weak``, ``not_enough_data``, ...): the failed gate conditions."""
+    from critic_audit.summary import no_credit_reasons
+
+    return [f"  {escape(k)}: {v}: {escape('; '.join(r) or 'no reason recorded')}"
+            for k, v, r in no_credit_reasons(s.by_checkpoint)]
 
 
 def critics_table(s: AuditSummary) -> Table:

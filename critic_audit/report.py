@@ -19,6 +19,7 @@ import polars as pl
 
 from critic_audit.summary import (
     AuditSummary, Boundary, Breakdown, Coverage, CriticQuality, Fraction, Interval, QualityGate, Recommendation, Share,
+    format_p, no_credit_reasons,
 )
 
 PLOTS = (
@@ -126,7 +127,8 @@ def _gate_lines(q: CriticQuality | None, title: str = "Quality gate") -> list[st
              f"source/checkpoint strata).", ""]
     lines += ["| measure | value |", "|---|---|",
               f"| corr(mean V, reward), within source and checkpoint | {_ci(c)}"
-              + (f", permutation p = {c.p_value:.4f}" if c.p_value is not None else "") + " |",
+              + (f", permutation p {'= ' if c.p_value >= 0.001 else ''}{format_p(c.p_value)}"
+                 if c.p_value is not None else "") + " |",
               f"| explained variance of V against the return, within source and checkpoint | {_ci(e)} |",
               f"| pooled over everything (for reference) | EV {_n(q.explained_variance)}, "
               f"corr {_n(q.corr_mean_value_reward)} |", ""]
@@ -152,7 +154,7 @@ def _gate_lines(q: CriticQuality | None, title: str = "Quality gate") -> list[st
         for src, gs in by.items():
             cs = gs.corr_within_stratum or Interval()
             lines.append(f"| {md_escape(src)} | {gs.n_trajectories} | {gs.status} | {_ci(cs)}"
-                         + (f" (p {cs.p_value:.3f})" if cs.p_value is not None else "")
+                         + (f" (p {format_p(cs.p_value)})" if cs.p_value is not None else "")
                          + f" | {_ci(gs.explained_variance_within_stratum)} |")
     return lines
 
@@ -192,17 +194,24 @@ def _checkpoint_lines(d: dict[str, Breakdown], min_n: int) -> list[str]:
     lines = ["## By checkpoint (each checkpoint's critic on its own rollouts)", "",
              "Each row: that checkpoint's critic on the rollouts it scored, with its own quality gate; 95% "
              "intervals in brackets (eta2: bootstrap; fractions: Wilson; explained variance: bootstrap).", "",
-             "| checkpoint | audited | median eta2 | (a) SS_B > SS_W | (b) | (c) F > 1 | explained variance | corr | verdict |",
+             "| checkpoint | audited (higher / lower outcome judged) | median eta2 | (a) SS_B > SS_W | (b) | (c) F > 1 | "
+             "explained variance | corr (permutation p) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for k, g in d.items():
         gate = (g.critic_quality.gate if g.critic_quality else None) or QualityGate()
         r = g.recommendation
         verdict = (f"low n (< {min_n}): no verdict" if g.low_n else
                    (r.verdict + (f" (leans {r.leans})" if r.leans else "") if r and r.verdict is not None else "n/a"))
-        lines.append(f"| {md_escape(k)} | {g.n_included} | {_c(g.eta2_median)} | "
+        c = gate.corr_within_stratum or Interval()
+        lines.append(f"| {md_escape(k)} | {g.n_included} ({gate.n_positive} / {gate.n_negative}) | {_c(g.eta2_median)} | "
                      f"{_c(g.frac_ss_between_gt_within, True)} | {_c(g.frac_var_turn_means_gt_mean_within_var, True)} | "
                      f"{_c(g.frac_f_gt_1, True)} | {_c(gate.explained_variance_within_stratum)} | "
-                     f"{_n((gate.corr_within_stratum or Interval()).estimate)} | {verdict} |")
+                     f"{_n(c.estimate)}" + (f" (p {format_p(c.p_value)})" if c.p_value is not None else "")
+                     + f" | {verdict} |")
+    why = no_credit_reasons(d)
+    if why:
+        lines += ["", "Why these checkpoints get no credit verdict (the failed quality-gate conditions):", ""]
+        lines += [f"- {md_escape(k)}: {v}: {md_escape('; '.join(r) or 'no reason recorded')}" for k, v, r in why]
     return lines
 
 
@@ -586,7 +595,7 @@ def comparison_markdown(summary: AuditSummary | dict[str, Any]) -> str:
         p = comp.per_critic[label]
         g = (p.critic_quality.gate if p.critic_quality else None) or QualityGate()
         c = g.corr_within_stratum or Interval()
-        pv = f" (p {c.p_value:.3f})" if c.p_value is not None else ""
+        pv = f" (p {format_p(c.p_value)})" if c.p_value is not None else ""
         lines.append(f"| {md_escape(label)} | {p.n_included} | {_ci(p.eta2_median)} | "
                      f"{_ci(p.frac_ss_between_gt_within, True)} | {_ci(g.explained_variance_within_stratum)} | "
                      f"{_n(c.estimate)}{pv} | {p.recommendation.verdict if p.recommendation else None} | "

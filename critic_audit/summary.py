@@ -35,13 +35,41 @@ from typing import Any, ClassVar
 
 from critic_audit.errors import SchemaError
 
-__all__ = ["SUMMARY_VERSION", "RUN_KEYS", "AuditSummary", "Interval", "Tested", "Fraction", "Share", "Coverage", "Boundary",
+__all__ = ["format_p", "no_credit_reasons", "SUMMARY_VERSION", "RUN_KEYS", "AuditSummary", "Interval", "Tested", "Fraction", "Share", "Coverage", "Boundary",
            "Truncation", "QualityGate", "FitOverlap", "CriticQuality", "PooledVerdict", "Recommendation", "Breakdown",
            "InputReport", "SourceSample", "Sample", "RunInfo",
            "PerCritic", "CriticComparison", "read_summary", "is_summary"]
 
 #: The layout version written as ``summary_version`` (absent: the previous release, the same layout).
 SUMMARY_VERSION = 1
+
+
+def format_p(p: float | None) -> str:
+    """A p-value as text: ``"< 0.001"`` below 0.001, else 3 decimals (``"0.003"``); ``"n/a"`` for None.
+    The gate's permutation p is at least ``1 / (n_perm + 1)`` (0.0005 at 2,000 permutations), so "0.000"
+    would claim more than the test can show."""
+    if p is None:
+        return "n/a"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+#: the verdicts that give no credit recommendation because of the critic or the data (their reasons say why)
+NO_CREDIT_VERDICTS = ("critic_too_weak", "not_enough_data", "quality_unmeasured", "no_data")
+
+
+def no_credit_reasons(by_checkpoint: Mapping[str, Any] | None) -> list[tuple[str, str, tuple[str, ...]]]:
+    """``(checkpoint, verdict, reasons)`` of each breakdown row of ``by_checkpoint`` (name ->
+    :class:`Breakdown`) whose verdict is one of :data:`NO_CREDIT_VERDICTS`, in order: the failed gate
+    conditions (``critic_quality.gate.reasons``) that the table by checkpoint has no room for."""
+    out = []
+    for k, b in (by_checkpoint or {}).items():
+        rec = getattr(b, "recommendation", None)
+        if rec is None or rec.verdict not in NO_CREDIT_VERDICTS or getattr(b, "low_n", False):
+            continue
+        gate = b.critic_quality.gate if b.critic_quality and b.critic_quality.gate else None
+        reasons = tuple(rec.reasons or (gate.reasons if gate else ()))
+        out.append((str(k), rec.verdict, reasons))
+    return out
 
 
 def _strip_optional(tp: Any) -> Any:

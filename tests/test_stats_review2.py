@@ -201,3 +201,52 @@ def test_out_of_range_reward_in_canonical_tables_is_refused(tmp_path):
                             "-1e+300 is out of range (|reward| > 1e+100: the audit's statistics would overflow) (1 such "
                             "row) (fix: give the trajectory a finite reward of ordinary size (null where it has none), "
                             "or pass --lenient to skip it)")
+
+
+# --- #5 / #13: why a checkpoint gets no credit verdict; p-values as the test can show them ---
+
+def test_format_p_golden():
+    from critic_audit.summary import format_p
+
+    assert [format_p(p) for p in (None, 1 / 2001, 0.000999, 0.001, 0.0029985, 0.215, 1.0)] == [
+        "n/a", "< 0.001", "< 0.001", "0.001", "0.003", "0.215", "1.000"]
+
+
+def _two_checkpoints():
+    """ck1: values follow the reward (gate passes); ck2: values are noise (corr ~ 0: critic_too_weak)."""
+    a, ta = _agreeing(n_tasks=10, trials=4, seed=1)
+    b, tb = _agreeing(n_tasks=6, trials=4, seed=2)
+    rng = np.random.default_rng(5)
+    b = b.with_columns(trajectory_id="b" + pl.col("trajectory_id"), checkpoint=pl.lit("ck2"),
+                       group_id="b" + pl.col("group_id"))
+    tb = tb.with_columns(trajectory_id="b" + pl.col("trajectory_id"),
+                         value=pl.Series(0.1 * (tb["turn"].to_numpy() + rng.normal(size=tb.height))).cast(pl.Float32))
+    a = a.with_columns(checkpoint=pl.lit("ck1"))
+    return pl.concat([a, b]), pl.concat([ta, tb])
+
+
+def test_reports_say_why_a_checkpoint_is_critic_too_weak():
+    from critic_audit.report import md_escape, report_markdown
+    from critic_audit.summary import no_credit_reasons
+
+    trajs, tokens = _two_checkpoints()
+    s = audit(trajs, tokens, AuditConfig(n_boot=300, min_group_n=5, gate=GateConfig(n_perm=300))).summary
+    ck2 = s.by_checkpoint["ck2"]
+    assert ck2.recommendation.verdict == "critic_too_weak"
+    why = no_credit_reasons(s.by_checkpoint)
+    assert [k for k, _, _ in why] == ["ck2"] and why[0][2] == tuple(ck2.critic_quality.gate.reasons) and why[0][2]
+    md = report_markdown(s.to_dict(), [])
+    assert "Why these checkpoints get no credit verdict (the failed quality-gate conditions):" in md
+    assert f"- ck2: critic_too_weak: {md_escape('; '.join(why[0][2]))}" in md
+    assert "explained variance -0.057 < 0.05" in why[0][2]
+    from critic_audit.cli_render import checkpoint_reasons
+
+    assert checkpoint_reasons(s) == [f"  ck2: critic_too_weak: {'; '.join(why[0][2])}"]
+    g = ck2.critic_quality.gate
+    c = g.corr_within_stratum
+    row = next(x for x in md.splitlines() if x.startswith("| ck2 |"))
+    assert row.startswith(f"| ck2 | 24 ({g.n_positive} / {g.n_negative}) |")
+    assert f"| {c.estimate:.3f} (p {c.p_value:.3f}) | critic_too_weak |" in row
+    g1 = s.by_checkpoint["ck1"].critic_quality.gate
+    assert g1.corr_within_stratum.p_value < 0.001 or f"(p {g1.corr_within_stratum.p_value:.3f})" in md
+    assert "p 0.000" not in md and "p = 0.000" not in md
