@@ -54,8 +54,9 @@ class PlotProcess:
         self.dir = Path(tempfile.mkdtemp(prefix="critic-audit-plots-"))
         self.jobs = 0
         env = dict(os.environ)
-        root = str(Path(critic_audit.__file__).resolve().parents[1])  # this critic_audit, whatever sys.path says
-        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        root = str(Path(critic_audit.__file__).resolve().parents[1])
+        if root not in _site_dirs():  # a checkout on sys.path (not installed): the child imports this one too
+            env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         self._err = open(self.dir / "stderr.txt", "wb")  # noqa: SIM115 - closed in close()
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "critic_audit.plot_process"], stdin=subprocess.PIPE,
@@ -134,6 +135,15 @@ class PlotProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _site_dirs() -> set[str]:
+    """The interpreter's site-packages folders (resolved): an installed critic_audit is found there by
+    any child interpreter, and putting one on ``PYTHONPATH`` would place it before the standard library."""
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()] if hasattr(site, "getsitepackages") else []
+    return {str(Path(d).resolve()) for d in dirs}
 
 
 def start_plot_process() -> PlotProcess | None:
