@@ -86,3 +86,28 @@ def test_a_file_without_rewards_beside_rewarded_ones_is_kept_with_a_note():
     assert rep.n_trajectories == 12
     assert any(n.startswith("4 of 12 rollouts carry no reward (no field any of") and "outputs)" in n
                and n.endswith("read the other 8") for n in rep.notes)
+
+
+# ------------------------------------------------------------------------------------------ #18 skipped files
+
+
+def test_a_folder_without_rollout_files_names_the_files_it_skipped(tmp_path):
+    from conftest import SAMPLE
+
+    res = CliRunner().invoke(app, ["check", str(SAMPLE / "hotpotqa_distractor_rl")])
+    assert res.exit_code == 1
+    line = " ".join(res.output.split())  # rich wraps the line
+    assert ("the folder holds no rollout file (3 other file(s) skipped: hotpotqa_distractor_sample100.jsonl "
+            "(not_rollout_file, record-like rows), LICENSE (not_rollout_file), SOURCE.md (not_rollout_file))") in line
+    assert "pick it with --format" in line
+    # five skipped files: the first three named (record-like rows first, then by name) and the count of the rest
+    sub = tmp_path / "d"
+    sub.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (sub / name).write_text("x")
+    (tmp_path / "rows.jsonl").write_text('{"question": "q", "answer": "a"}\n')
+    with pytest.raises(InputError) as e:
+        check_rollouts([tmp_path])
+    msg = str(e.value)
+    assert "(5 other file(s) skipped: rows.jsonl (" in msg and "record-like rows), d/a.txt (" in msg
+    assert "d/b.txt (" in msg and "and 2 more)" in msg and "d/c.txt" not in msg

@@ -290,7 +290,7 @@ def test_missing_file(tmp_path):
 
 def test_directory_without_json_files(tmp_path):
     (tmp_path / "a.txt").write_text("x")
-    _error(tmp_path, "the folder holds no rollout file (1 other file(s) skipped)")
+    _error(tmp_path, "the folder holds no rollout file (1 other file(s) skipped: a.txt (")
 
 
 def test_empty_file(tmp_path):

@@ -629,6 +629,21 @@ def _file_format(f: Path, opts: ReadOptions, *, explicit: bool) -> str | None:
         raise
 
 
+def _no_rollout_file(folder: Path, skipped: list[dict[str, Any]]) -> InputError:
+    """The error for a folder whose search found no rollout file: the files it passed over named (the
+    first three, those holding record-like rows first, then their count) with the reason of each, and
+    a --format hint when some hold record-like rows."""
+    ordered = sorted(skipped, key=lambda f: (not f.get("rows"), str(f.get("path"))))
+    shown = ", ".join(f"{os.path.relpath(str(f['path']), folder)} ({f['reason']}"
+                      + (", record-like rows" if f.get("rows") else "") + ")" for f in ordered[:3])
+    more = f" and {len(ordered) - 3} more" if len(ordered) > 3 else ""
+    said = f"{len(ordered)} other file(s) skipped: {shown}{more}" if ordered else "no file in it"
+    fix = ("these rows may be rollouts of a format not recognised: pick it with --format (docs/input_formats.md)"
+           if any(f.get("rows") for f in ordered) else
+           "point at rollout files (docs/input_formats.md), or pick the format with --format")
+    return InputError(f"the folder holds no rollout file ({said})", path=folder, fix=fix)
+
+
 def resolve_inputs(paths: list[str | Path] | tuple[str | Path, ...], options: ReadOptions | None = None,
                    report: ReadReport | None = None) -> list[ResolvedInput]:
     """Resolve every input once: its files, each with format, kind, collection and label.
@@ -653,12 +668,10 @@ def resolve_inputs(paths: list[str | Path] | tuple[str | Path, ...], options: Re
             found.append((i, p, "tables", None))
             continue
         if p.is_dir():
-            before = Counter(rep.skipped_files)
+            before = len(rep.skipped_file_list)
             files = list(_walk(p, opts, rep))
             if not files:
-                skipped = sum((rep.skipped_files - before).values())
-                raise InputError(f"the folder holds no rollout file ({skipped} other file(s) skipped)", path=p,
-                                 fix="point at rollout files (docs/input_formats.md), or pick the format with --format")
+                raise _no_rollout_file(p, rep.skipped_file_list[before:])
             found.extend((i, f, fmt, origin) for f, fmt, origin in files)
         else:
             named, p = p, by_content(p, _ALL_SUFFIXES)  # compressed, or no suffix telling the format
