@@ -118,13 +118,15 @@ def _reject_dtype(value: str) -> None:
 def _reject_weighting(value: str) -> None:
     from critic_audit.critic.fit import WEIGHTINGS
 
-    raise UsageError(f"weighting must be one of {WEIGHTINGS}, got {value!r}")
+    raise UsageError(f"--weighting must be one of {', '.join(WEIGHTINGS)}, got {value!r}",
+                     fix="use --weighting trajectory (each trajectory counts once) or token")
 
 
 def _reject_method(value: str) -> None:
     from critic_audit.critic.train import METHODS
 
-    raise UsageError(f"--method must be one of {', '.join(METHODS)}, got {value!r}")
+    raise UsageError(f"--method must be one of {', '.join(METHODS)}, got {value!r}",
+                     fix="use --method head (ridge head, fast), layers or lora (docs/critics.md)")
 
 
 def _reject_backend(value: str) -> None:

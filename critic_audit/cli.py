@@ -115,6 +115,11 @@ def _usage_exit(e: click.exceptions.UsageError) -> None:
     raise typer.Exit(e.exit_code)
 
 
+#: The path options that name what a command writes, by parameter name, and the example their fix gives.
+OUT_EXAMPLES = {"out_dir": "audit_out", "scores_out": "turn_scores.parquet", "report_out": "check.json",
+                "head_out": "head.safetensors"}
+
+
 class _Commands(TyperGroup):
     """The command group: gives every choice option its :class:`_Choice`, and runs every command
     (its parsing included) inside the one error handler: click's own exits and usage errors pass
@@ -127,6 +132,26 @@ class _Commands(TyperGroup):
             for p in cmd.params:
                 if p.name in CHOICES:
                     self.refusing(p, CHOICES[p.name][1])
+                if p.name in OUT_EXAMPLES:
+                    self.refusing_empty(p, OUT_EXAMPLES[p.name])
+
+    @staticmethod
+    def refusing_empty(param: click.Parameter, example: str) -> None:
+        """Read the raw text of an output path option before click makes it a ``Path`` (which turns
+        ``''`` into ``.`` and drops a trailing ``/``): an empty one, or a file option's ending in ``/``
+        (a folder), is refused as the path errors are (exit 1), with
+        :func:`critic_audit.outputs.check_out_path`'s line."""
+        parse = param.process_value
+
+        def process_value(ctx: click.Context, value: Any) -> Any:
+            if isinstance(value, str) and (not value.strip() or Path(example).suffix and value.endswith("/")
+                                           and value.strip("/") and not os.path.isdir(os.path.expanduser(value))):
+                from critic_audit.outputs import check_out_path
+
+                check_out_path(value, option=param.opts[0], example=example)  # raises
+            return parse(ctx, value)
+
+        param.process_value = process_value  # type: ignore[method-assign]
 
     @staticmethod
     def refusing(param: click.Parameter, reject: Callable[[str], None]) -> None:
@@ -599,7 +624,7 @@ def fit_critic(
     head_out: Annotated[Optional[Path], typer.Option(help="Also write the trained weights alone: the head (head), or the top layers + head in bfloat16 (layers); build-critic assembles them.")] = None,
     ridge: Annotated[float, typer.Option(help="Ridge penalty of the closed-form value-head fit.")] = 1e-3,
     weighting: Annotated[Weighting, typer.Option(help="trajectory (each trajectory counts once) or token.")] = Weighting.TRAJECTORY,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out folder.")] = False,
     dtype: DtypeOpt = Dtype.AUTO,
     token_budget: TokenBudget = 16384,
     max_length: MaxLength = None,
@@ -647,15 +672,17 @@ def build_critic(
     head: Annotated[Path, typer.Option(help="Value head file written by fit-critic --head-out.")],
     out_dir: Annotated[Path, typer.Option("--out", help="Critic folder to write.")],
     backbone: Annotated[str, typer.Option(help="smollm2-135m or a local HF causal-LM folder.")] = "smollm2-135m",
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Assemble a critic folder from a backbone and a saved value head (no data, no fitting)."""
     from critic_audit.critic.backbones import cached_backbone
     from critic_audit.critic.fit import build_critic as run_build
     from critic_audit.errors import InputError
+    from critic_audit.outputs import refuse_input_clash
 
     if not head.is_file():
         raise InputError("no such value-head file", path=head, fix="pass the file written by fit-critic --head-out")
+    refuse_input_clash(out_dir, [head, *([backbone] if Path(backbone).exists() else [])], example="critic_out")
     bdir = cached_backbone(backbone, progress=lambda msg: err.print(msg, soft_wrap=True))
     path = run_build(bdir, head, out_dir, overwrite=overwrite)
     out.print(f"wrote critic {path}")
@@ -675,11 +702,13 @@ def monitor(
 ) -> None:
     """Score each turn by the robust z of its change in critic value and measure how well it predicts failure."""
     from critic_audit.analysis.monitor import MonitorConfig, check_top
-    from critic_audit.outputs import check_owned_file, write_owned_parquet
+    from critic_audit.outputs import check_owned_file, refuse_input_clash, write_owned_parquet
     from critic_audit.analysis.monitor import monitor_folder
 
     check_top(top)  # refuse bad options before the work
     if scores_out is not None:
+        if not scores_out.is_dir():  # (a folder: check_owned_file's "is a folder, this option names a file")
+            refuse_input_clash(scores_out, [folder], example="turn_scores.parquet")
         check_owned_file(scores_out, kind="turn_scores", overwrite=overwrite)
     cfg = MonitorConfig(threshold=threshold, reference=reference, n_boot=bootstrap, seed=seed)
     res = monitor_folder(folder, cfg)
@@ -739,11 +768,13 @@ def check(
     (bad path, bad input); 2 a usage error (unknown option, missing argument, bad option value).
     """
     from critic_audit.check import CheckConfig, check_report_path, check_rollouts, write_report
+    from critic_audit.outputs import refuse_input_clash
 
     cfg = CheckConfig(reward_layout=reward_layout, max_turn_tokens=max_turn_tokens,
                       max_response_tokens=max_response_tokens, weight_floor=weight_floor, examples=examples)
     if report_out is not None:  # refuse a bad --out before the run, not after it
         check_report_path(report_out, overwrite=overwrite)
+        refuse_input_clash(report_out, inputs, example="check.json")
     report = check_rollouts(inputs, cfg, read_options=read_opts,
                             tokenizer=tokenizer, chat_template=_read_template(chat_template), policy=policy,
                             device=device, dtype=dtype, token_budget=token_budget,
@@ -788,6 +819,9 @@ def train(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="--engine verl: write OUT/verl/launch.sh and config.yaml, do not launch.")] = False,
 ) -> None:
     """Train a policy (and critic) with MPO or a baseline on a multi-turn environment."""
+    from critic_audit.outputs import refuse_input_clash
+
+    refuse_input_clash(out_dir, [p for p in (config, sft) if p is not None], example="run_out")
     if engine == Engine.VERL:
         if resume:
             raise UsageError("--resume belongs to the built-in trainer; verl resumes a run from its latest "

@@ -18,6 +18,8 @@ A rerun that writes no plots (``--no-plots``) removes the figures the earlier ru
   the files that are not the tool's; a clash with one of those is refused.
 - :func:`clean_stale`: temporary and swapped-out folders of a killed run (the process named in their
   marker is gone) are removed before the next publish.
+- :func:`refuse_input_clash`: an output that is (or holds) an input, or replaces a file inside an input
+  folder, is refused even with ``--overwrite`` (every command that writes calls it).
 - :func:`check_out_path`: ``/``, the home folder, the current folder (``.``, an empty path) and their
   parents, and symlink loops are refused with one clean line.
 - :func:`lock_folder`: one process at a time per output folder (``train --out``, ``analyze --out``):
@@ -65,6 +67,7 @@ __all__ = [
     "lock_path",
     "publish",
     "read_manifest",
+    "refuse_input_clash",
     "remove_owned",
     "staging",
     "update",
@@ -89,12 +92,19 @@ def check_out_path(path: str | Path, *, option: str = "--out", example: str = "a
     ``example`` is the path the fix suggests (a folder for a folder option, a file name for a file option).
 
     Raises:
-        ConfigError: an empty path or ``.`` (the current folder), ``/``, the home folder, a folder
+        ConfigError: an empty path ("is empty"), a file option's path ending in ``/`` (a folder), ``.``
+            (the current folder), ``/``, the home folder, a folder
             that holds the current or the home folder, a symlink loop, or an unresolvable path.
     """
     raw = str(path)
     kind = "a file" if Path(example).suffix else "a folder"
-    if raw.strip() in ("", "."):
+    if not raw.strip():
+        raise ConfigError(f"{option} is empty ({raw!r}); it names the {kind[2:]} to write",
+                          fix=f"pass {kind} of its own, e.g. {option} {example}")
+    if kind == "a file" and raw.rstrip().endswith(("/", os.sep)) and raw.strip().strip("/" + os.sep):
+        raise ConfigError(f"{option} {raw} ends in '/', so it names a folder; this option names a file",
+                          fix=f"pass a file name, e.g. {option} {raw.rstrip().rstrip('/' + os.sep)}/{example}")
+    if raw.strip() == ".":
         raise ConfigError(f"{option} {raw!r} is the current folder; critic-audit writes into a folder of its own",
                           fix=f"pass {kind} of its own, e.g. {option} {example}")
     try:
@@ -288,7 +298,9 @@ def check_owned_file(path: str | Path, *, kind: str, overwrite: bool = False, op
 
     ``path`` must end in ``.parquet`` (the file is Parquet; a ``.csv`` name would mislabel it).
     A missing path is fine; an existing one only when it carries the tool's Parquet mark of that
-    ``kind``, or the manifest of the folder it is in lists it, or ``overwrite``.
+    ``kind`` (a file of another kind, e.g. an audit folder's own ``trajectories.parquet``, only with
+    ``overwrite``), or ``overwrite``. What the command reads is never replaced: see
+    :func:`refuse_input_clash`.
 
     Raises:
         ConfigError: ``path`` is a folder, does not end in ``.parquet``, is ``/`` or another path :func:`check_out_path` refuses, or a
@@ -309,8 +321,7 @@ def _owned_target(path: str | Path, kind: str, overwrite: bool, option: str) -> 
                           fix=f"pass e.g. {option} {p.with_suffix('.parquet').name} (polars.read_parquet(...)"
                               ".write_csv(...) converts it to CSV)")
     m = read_manifest(p.parent)
-    listed = m is not None and p.name in m.get("files", [])
-    if p.exists() and not (overwrite or listed or _parquet_kind(p) == kind):
+    if p.exists() and not (overwrite or _parquet_kind(p) == kind):  # an audit's own tables are another kind
         raise ConfigError(f"{option} {raw} exists and is not a file critic-audit wrote, so it is not replaced "
                           "without --overwrite", fix=f"pass another path, or --overwrite to replace {p.name}")
     return p, m
@@ -483,12 +494,16 @@ def check_writable(out: str | Path, *, option: str = "--out") -> None:
     ``out`` cannot be made. A file is created and removed to find out (permissions, a read-only mount).
 
     Raises:
-        ConfigError: ``cannot write to OUT: <reason>``, with the fix.
+        ConfigError: ``cannot write to OUT: <reason>``, or ``cannot create OUT: its parent P is a file,
+            not a folder``, with the fix.
     """
     out = Path(out)
-    where = out if out.is_dir() else next((a for a in out.parents if a.is_dir()), None)
-    if where is None:
-        return
+    where = next((a for a in (out, *out.parents) if a.exists()), None)
+    if where is None or where == out and not out.is_dir():
+        return  # nothing exists (a relative path's root) or ``out`` is a file: check_replaceable says so
+    if not where.is_dir():
+        raise ConfigError(f"cannot create {out}: its parent {where} is a file, not a folder", path=None,
+                          fix=f"pass another {option}, e.g. {option} {where.parent / (out.name or 'out')}")
     try:
         fd, probe = tempfile.mkstemp(prefix=INSIDE_STAGING + "probe-", dir=where)
         os.close(fd)
@@ -497,6 +512,31 @@ def check_writable(out: str | Path, *, option: str = "--out") -> None:
         what = "" if where == out else f" (its folder {where} does not let it be made)"
         raise ConfigError(f"cannot write to {out}{what}: {e.strerror or e}", path=None,
                           fix=f"make it writable (e.g. chmod u+w {where}) or pass another {option}") from None
+
+
+def refuse_input_clash(out: str | Path, inputs: Sequence[str | Path], *, option: str = "--out",
+                       example: str = "audit_out2") -> None:
+    """Refuse an output path that would destroy what the command reads, with or without ``--overwrite``:
+    ``out`` is one of ``inputs``, holds one (an output folder around an input), or is an existing file
+    inside an input folder (e.g. ``monitor AUDIT --out AUDIT/trajectories.parquet``: the audit's own
+    table). A new file inside an input folder is fine. The one guard of every command that writes
+    (``analyze``, ``check``, ``monitor``, ``fit-critic``, ``build-critic``, ``train``); ``example`` is the
+    path the fix suggests.
+
+    Raises:
+        ConfigError: ``OPTION OUT is (or holds) the input P`` or ``OPTION OUT is inside the input folder
+            P``, naming the fix.
+    """
+    o = Path(os.path.realpath(Path(out).expanduser()))  # realpath never raises (a symlink loop included)
+    for p in inputs:
+        rp = Path(os.path.realpath(Path(p).expanduser()))
+        if rp == o or o in rp.parents:
+            raise ConfigError(f"{option} {out} is (or holds) the input {p}; an input is never replaced, even "
+                              "with --overwrite", fix=f"pass another {option}, e.g. {option} {example}")
+        if rp in o.parents and rp.is_dir() and (o.is_file() or o.is_symlink()):
+            raise ConfigError(f"{option} {out} is a file inside the input folder {p}, which this command reads; "
+                              "it is never replaced, even with --overwrite",
+                              fix=f"pass a path outside {p}, e.g. {option} {example}, or a new file name")
 
 
 def _alive(pid: int) -> bool:
@@ -799,7 +839,7 @@ def lock_folder(out: str | Path, *, command: str, option: str = "--out") -> Fold
 
     Raises:
         ConfigError: another process holds the folder (naming its pid, host, command and the fix), or
-            the lock file cannot be created.
+            ``out`` or its lock file cannot be created (:func:`check_writable`'s line).
     """
     out = Path(out)
     path = lock_path(out)
@@ -819,6 +859,7 @@ def lock_folder(out: str | Path, *, command: str, option: str = "--out") -> Fold
         os.ftruncate(fd, 0)
         os.pwrite(fd, record, 0)
 
+    check_writable(out, option=option)  # a path that cannot be made is not "in use by another process"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         for _attempt in range(20):
@@ -831,6 +872,9 @@ def lock_folder(out: str | Path, *, command: str, option: str = "--out") -> Fold
         else:
             raise filelock.Timeout(str(path))
     except filelock.Timeout:
+        if not path.exists():  # no holder's file: the lock file could not be made (filelock says Timeout)
+            raise ConfigError(f"cannot write to {out}: the lock file {path} cannot be created", path=None,
+                              fix=f"pass a writable {option}") from None
         h = _holder(path)
         pid = h.get("pid")
         who = "another process"

@@ -586,7 +586,7 @@ def test_cli_check_out_never_replaces_a_file_it_did_not_write(tmp_path, monkeypa
     # folders, the root, an empty path: one clean line each, nothing unexpected
     monkeypatch.chdir(tmp_path)
     for bad, says in ((str(tmp_path), "is a folder; the report is one JSON file"), ("/", "is a folder"),
-                      ("", "is not a file name")):
+                      ("", "--out is empty")):  # (review 2 item 15)
         res = runner.invoke(app, ["check", str(good), "--out", bad])
         assert res.exit_code == 1, (bad, res.output)
         assert says in res.output and "unexpected" not in res.output and "Errno" not in res.output, res.output

@@ -86,7 +86,7 @@ def test_folder_with_summary_json_is_not_deleted(sandbox, rollouts, critic_dir):
 @pytest.mark.parametrize(("out", "words"), [
     ("/", "filesystem root"),
     (".", "current folder"),
-    ("", "current folder"),
+    ("", "--out is empty ('')"),  # review 2 item 15: once "'.' is the current folder"
     ("~", "home folder"),
     ("HOME", "home folder"),
     ("PARENT", "parent of"),

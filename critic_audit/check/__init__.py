@@ -239,13 +239,13 @@ def check_report_path(path: str | Path, *, overwrite: bool = False, option: str 
     from critic_audit.outputs import check_out_path
 
     raw = str(path)
-    if raw.strip() in ("", "."):
+    if raw.strip() == ".":  # (an empty path: check_out_path's "is empty")
         raise ConfigError(f"{option} {raw!r} is not a file name",
                           fix=f"pass the report's file, e.g. {option} check.json")
     if os.path.isdir(os.path.expanduser(raw)):  # before check_out_path, whose lines speak of folders
         raise ConfigError(f"{option} {raw} is a folder; the report is one JSON file",
                           fix=f"pass a file name, e.g. {option} {Path(raw) / 'check.json'}")
-    p = check_out_path(raw, option=option)
+    p = check_out_path(raw, option=option, example="check.json")
     if p.exists() and not overwrite and not _is_check_report(p):
         raise ConfigError(f"{option} {raw} exists and is not a report critic-audit check wrote; it is left alone",
                           fix="pass another file name, or --overwrite to replace it")

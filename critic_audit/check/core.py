@@ -92,9 +92,12 @@ class CheckConfig:
         if self.reward_layout not in REWARD_LAYOUTS:
             raise UsageError(f"unknown reward layout {self.reward_layout!r}", fix=f"use one of {list(REWARD_LAYOUTS)}")
         if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
-            raise UsageError(f"--max-turn-tokens {self.max_turn_tokens} must be >= 1")
+            raise UsageError(f"--max-turn-tokens {self.max_turn_tokens} must be >= 1",
+                             fix="pass the sampler's per-turn max_tokens, e.g. --max-turn-tokens 2048, or leave it out")
         if self.max_response_tokens is not None and self.max_response_tokens < 1:
-            raise UsageError(f"--max-response-tokens {self.max_response_tokens} must be >= 1")
+            raise UsageError(f"--max-response-tokens {self.max_response_tokens} must be >= 1",
+                             fix="pass verl's data.max_response_length, e.g. --max-response-tokens 4096, or leave it "
+                                 "out to infer it")
         if not 0.0 <= self.weight_floor < 1.0:
             raise UsageError(f"--weight-floor {self.weight_floor} must be in [0, 1)", fix="use e.g. 0.1, or 0 to disable")
         for name in ("gamma", "lam"):
@@ -115,7 +118,7 @@ class CheckConfig:
         if self.gae_rows < 0:
             raise UsageError(f"gae_rows = {self.gae_rows} must be >= 0 (0: every row)")
         if self.examples < 0:
-            raise UsageError(f"--examples {self.examples} must be >= 0")  # the option's style, as --max-turn-tokens
+            raise UsageError(f"--examples {self.examples} must be >= 0", fix="use e.g. --examples 5")  # the option's style, as --max-turn-tokens
 
 
 @dataclasses.dataclass

@@ -231,6 +231,11 @@ def read_tables(path: str | Path, options: ReadOptions | None = None,
     tok_path = p / "tokens.parquet" if p.is_dir() else p
     if not tok_path.exists():
         raise InputError("no such file", path=tok_path, fix="check the path")
+    traj = tok_path.parent / "trajectories.parquet"
+    if tok_path.name == "turns.parquet" and (tok_path.parent / "summary.json").is_file() and not traj.exists():
+        raise InputError(f"no such file: the audit folder {tok_path.parent} lacks it (its turns.parquet holds turn "
+                         "means, not tokens, and is audited with it)", path=traj,
+                         fix="restore trajectories.parquet, or run critic-audit analyze on the original rollouts again")
     return _pair(tok_path, tok_path.parent / "trajectories.parquet",
                  "pass a Parquet file written by critic-audit or in the layout of docs/tables.md", options, report)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -62,12 +63,12 @@ class AnalyzeOutcome:
 def with_run(summary: AuditSummary, *, inputs: Sequence[str | Path] | None = None, seconds: float | None = None,
              input: ReadReport | None = None, warnings: Sequence[str] | None = None, **run: Any) -> AuditSummary:
     """``summary`` with its :class:`critic_audit.summary.RunInfo` fields set (the others kept) and
-    ``summary_version``: ``inputs`` as strings (with ``critic_audit_version``), ``seconds`` rounded to
+    ``summary_version``: ``inputs`` as absolute paths (:func:`absolute_path`; with ``critic_audit_version``), ``seconds`` rounded to
     0.01 s, ``input`` (a :class:`~critic_audit.io.records.ReadReport`) as an
     :class:`~critic_audit.summary.InputReport`; ``run``: other ``RunInfo`` fields as they are (one it
     does not declare is a ``TypeError``)."""
-    if inputs is not None:
-        run.update(inputs=tuple(str(p) for p in inputs), critic_audit_version=__version__)
+    if inputs is not None:  # absolute: a re-audit from another folder finds them (--scope all)
+        run.update(inputs=tuple(absolute_path(p) for p in inputs), critic_audit_version=__version__)
     if seconds is not None:
         run["seconds"] = round(seconds, 2)
     if input is not None:
@@ -75,6 +76,19 @@ def with_run(summary: AuditSummary, *, inputs: Sequence[str | Path] | None = Non
     if warnings is not None:
         run["warnings"] = tuple(warnings)
     return dataclasses.replace(summary, run=dataclasses.replace(summary.run, **run, summary_version=SUMMARY_VERSION))
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the working folder was removed
+        return None
+
+
+def absolute_path(p: str | Path) -> str:
+    """``p`` as the absolute path ``summary.json`` and ``config.json`` record (``~`` expanded, ``..``
+    folded, symlinks kept), so that a later run from another folder finds the same input."""
+    return os.path.abspath(os.path.expanduser(str(p)))
 
 
 def is_sample(limit_info: Sample | None) -> bool:
@@ -463,7 +477,8 @@ def _base_config(inputs: Sequence[str | Path], out_dir: Path, read_options: Read
                  resolved: Sequence[Any]) -> dict[str, Any]:
     """``config.json``'s entries every audit records (the inputs as ``resolved``, the options)."""
     return {
-        "inputs": [str(p) for p in inputs],
+        "inputs": [absolute_path(p) for p in inputs],
+        "cwd": _cwd(),  # where the run ran (older folders recorded relative inputs: stream.original_inputs)
         "out": str(out_dir),
         "read_options": read_options.as_dict(),
         "input_files": {str(r.path): {"format": r.format, "kind": r.kind, "files": len(r.files)} for r in resolved},

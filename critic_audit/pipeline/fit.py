@@ -24,6 +24,7 @@ from critic_audit.critic.options import HeadFitOptions
 from critic_audit.errors import ConfigError, CriticAuditError, InputError, UsageError
 from critic_audit.io.inputs import read_inputs
 from critic_audit.io.records import ReadOptions
+from critic_audit.outputs import refuse_input_clash
 from critic_audit.pipeline.scoring import Progress
 from critic_audit.turns import TokenizeConfig, tokenize_conversations
 
@@ -169,6 +170,9 @@ def fit_critic(
     for p in inputs:
         if not Path(p).exists():
             raise InputError("no such file or folder", path=p, fix="check the path")
+    refuse_input_clash(out_dir, inputs, example="critic_out")
+    if head_out is not None:
+        refuse_input_clash(head_out, inputs, option="--head-out", example="head.safetensors")
     bdir = Path(cached_backbone(backbone))
     convs, res, by_id = _read(inputs, read_options, tokenize, bdir, progress)
     tcs = res.conversations

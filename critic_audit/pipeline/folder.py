@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,9 @@ import polars as pl
 
 from critic_audit.analysis.audit import AuditResult
 from critic_audit.critic.options import ScoringConfig
-from critic_audit.errors import ConfigError
-from critic_audit.outputs import check_out_path, check_replaceable, check_writable, lock_folder, publish
+from critic_audit.outputs import (
+    check_out_path, check_replaceable, check_writable, lock_folder, publish, refuse_input_clash,
+)
 from critic_audit.summary import AuditSummary
 
 
@@ -32,11 +32,7 @@ def check_output_folder(out_dir: Path, inputs: Sequence[str | Path] = (), *, ove
         ConfigError: the folder would destroy an input or files critic-audit did not write.
     """
     out_dir = check_out_path(out_dir)
-    for p in inputs:
-        rp = Path(os.path.realpath(Path(p).expanduser()))  # never raises (Path.resolve does on a symlink loop)
-        if rp == out_dir or out_dir in rp.parents:
-            raise ConfigError(f"the output folder {out_dir} is (or holds) the input {p}",
-                              fix="pass another --out, e.g. --out audit_out2")
+    refuse_input_clash(out_dir, inputs)
     check_replaceable(out_dir, overwrite=overwrite, writes=OUTPUT_NAMES)
     check_writable(out_dir)  # before the work: a read-only folder would otherwise fail at the end
     return out_dir

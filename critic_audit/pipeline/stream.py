@@ -16,8 +16,10 @@ the summary, config, plots and reports. :func:`stats_folder` recognises such a f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -357,6 +359,10 @@ def original_inputs(folder: Path, config: AuditConfig) -> list[str] | None:
     """None when a :func:`stats_folder`'s statistics answer ``config`` (the same scope); else the inputs
     it was audited from, to stream again with the new scope.
 
+    Inputs are recorded absolute; a folder written by an older version recorded them relative to the
+    folder its run ran in, tried here in turn: its ``config.json`` ``cwd`` (when recorded), the current
+    folder, the audit folder and the folder holding it (the first where every input exists).
+
     Raises:
         ConfigError: another scope, and the original inputs are gone (or are statistics themselves).
     """
@@ -366,11 +372,26 @@ def original_inputs(folder: Path, config: AuditConfig) -> list[str] | None:
     if not prior.get("scope") or prior["scope"] == config.scope:
         return None
     src = [str(p) for p in prior.get("inputs") or []]
-    if src and all(Path(p).exists() and not stats_folder(p) for p in src):
-        return src
+    for base in _input_bases(folder):
+        found = [str(base / p) for p in src]  # an absolute p stays itself
+        if src and all(Path(p).exists() and not stats_folder(p) for p in found):
+            return found
     raise ConfigError(f"{folder} was audited with --scope {prior['scope']}; its statistics cannot be re-selected "
                       f"for --scope {config.scope}, and its inputs ({', '.join(src) or 'none recorded'}) are not "
                       "there to read again", fix=f"use --scope {prior['scope']}, or audit the original tables")
+
+
+def _input_bases(folder: Path) -> list[Path]:
+    """Where :func:`original_inputs` looks for inputs recorded relative: the recorded ``cwd``, the
+    current folder, the audit folder, its parent."""
+    try:
+        cwd = json.loads((folder / "config.json").read_text()).get("cwd")
+    except (OSError, ValueError, AttributeError):
+        cwd = None
+    bases = [Path(cwd)] if isinstance(cwd, str) and cwd else []
+    with contextlib.suppress(OSError):  # (the current folder may have been removed)
+        bases.append(Path.cwd())
+    return [*bases, Path(folder), Path(os.path.abspath(folder)).parent]
 
 
 def reaudit(folder: Path, config: AuditConfig) -> StreamedAudit:
