@@ -989,10 +989,11 @@ def _token_columns(table: Any, n: np.ndarray) -> _TokenColumns | None:
             bad |= np.isnan(values) & (mask if keep is None else mask & keep)
         if got[1] is not None:
             bad |= got[1] > 0
-        with np.errstate(invalid="ignore"):
-            big = np.abs(values) > MAX_MAGNITUDE  # out of range: the row path names it
-        if big.any():
-            bad |= big
+        if float(np.finfo(values.dtype).max) > MAX_MAGNITUDE:  # (no float32 / float16 lies beyond it)
+            with np.errstate(invalid="ignore"):
+                big = np.abs(values) > MAX_MAGNITUDE  # out of range: the row path names it
+            if big.any():
+                bad |= big
     return _TokenColumns(offsets, got_ids[0], mask, keep, values, _bad_rows(offsets, bad))
 
 
