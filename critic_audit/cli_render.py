@@ -40,6 +40,13 @@ def fmt(x: Any, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def _est_ci(est: float | None, ci: Any, spec: str) -> str:
+    """``estimate  [lo, hi]``, or ``estimate  (point estimate)`` without an interval; ``n/a`` for None."""
+    if est is None:
+        return "n/a"
+    return f"{est:{spec}}  [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else f"{est:{spec}}  (point estimate)"
+
+
 def summary_table(s: AuditSummary) -> Table:
     """``analyze``'s headline table of one critic's summary."""
     from critic_audit.summary import Boundary, Coverage, CriticQuality, Interval
@@ -84,13 +91,17 @@ def summary_table(s: AuditSummary) -> Table:
     t.add_row("(a) fraction SS_B > SS_W", fmt_ci(s.frac_ss_between_gt_within))
     t.add_row("(b) fraction var(turn means) > mean within var", fmt_ci(s.frac_var_turn_means_gt_mean_within_var))
     t.add_row("(c) fraction F > 1", fmt_ci(s.frac_f_gt_1))
-    t.add_row("median omega2 / ICC(1)", f"{fmt(s.omega2_median)} / {fmt(s.icc1_median)}")
+    m = s.medians_ci or {}
+    for key, label, est, spec in (("omega2", "median omega2", s.omega2_median, ".3f"),
+                                  ("icc1", "median ICC(1)", s.icc1_median, ".3f"),
+                                  ("f_stat", "median F", s.f_stat_median, ".2f")):
+        t.add_row(label, _est_ci(est, (m.get(key) or Interval()).ci95, spec))
     b = s.boundary or Boundary()
-    t.add_row("boundary share of |dV| / boundary:within step ratio",
-              f"{fmt(b.share_of_abs_variation)} / {fmt(b.mean_boundary_over_mean_within_step, '.2f')}")
+    t.add_row("boundary share of |dV|", _est_ci(b.share_of_abs_variation, b.share_ci95, ".3f"))
+    t.add_row("boundary:within step ratio", _est_ci(b.mean_boundary_over_mean_within_step, b.step_ratio_ci95, ".2f"))
     q = s.critic_quality or CriticQuality()
-    t.add_row("critic explained variance (tokens) / corr(mean V, reward)",
-              f"{fmt(q.explained_variance)} / {fmt(q.corr_mean_value_reward)}")
+    t.add_row("pooled EV (all tokens) / corr(mean V, reward): in-sample, not the gate's",
+              f"{fmt(q.explained_variance)} / {fmt(q.corr_mean_value_reward)}  (point estimates)")
     g = q.gate
     if g:
         c = g.corr_within_stratum or Interval()
@@ -191,8 +202,12 @@ def monitor_tables(s: dict[str, Any], top_rows: Any, threshold: float, reference
     t.add_row("AUROC for failure: max |z|", auc(a["max_abs_z"]))
     t.add_row("AUROC for failure: largest drop (-min z)", auc(a["largest_drop"]))
     t.add_row("AUROC for failure: number of turns (baseline)", auc(a["num_turns"]))
-    t.add_row("any flag: precision / recall for failure",
-              f"{fmt(f['precision'])} / {fmt(f['recall'])} (failure rate {fmt(f['failure_rate'])})")
+    def wil(x: Any, ci: Any) -> str:
+        return fmt(x) + (f"  [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+    t.add_row("any flag: precision / recall for failure (Wilson, over trajectories)",
+              f"{wil(f['precision'], f.get('precision_ci95'))} / {wil(f['recall'], f.get('recall_ci95'))} "
+              f"(failure rate {fmt(f['failure_rate'])})")
     parts.append(t)
     for note in s["notes"]:
         parts.append(f"note: {escape(note)}")

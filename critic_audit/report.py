@@ -130,8 +130,8 @@ def _gate_lines(q: CriticQuality | None, title: str = "Quality gate") -> list[st
               + (f", permutation p {'= ' if c.p_value >= 0.001 else ''}{format_p(c.p_value)}"
                  if c.p_value is not None else "") + " |",
               f"| explained variance of V against the return, within source and checkpoint | {_ci(e)} |",
-              f"| pooled over everything (for reference) | EV {_n(q.explained_variance)}, "
-              f"corr {_n(q.corr_mean_value_reward)} |", ""]
+              f"| pooled over every token and source, in-sample point estimates (not the gate's figures; "
+              f"for reference) | EV {_n(q.explained_variance)}, corr {_n(q.corr_mean_value_reward)} |", ""]
     if th:
         lines.append(f"Passing needs at least {th.get('min_per_outcome')} trajectories of each outcome, a correlation "
                      f">= {th.get('min_corr')} with one-sided permutation p < {th.get('alpha')}, and an explained "
@@ -322,14 +322,37 @@ def _headline_lines(s: AuditSummary, rec: Recommendation, several: bool) -> list
         f"| (a) trajectories with SS_B > SS_W | {_ci(s.frac_ss_between_gt_within, True)} |",
         f"| (b) var(turn means) > mean within-turn var | {_ci(s.frac_var_turn_means_gt_mean_within_var, True)} |",
         f"| (c) F > 1 | {_ci(s.frac_f_gt_1, True)} |",
-        f"| median omega2 / ICC(1) / F | {_n(s.omega2_median)} / {_n(s.icc1_median)} / {_n(s.f_stat_median, '.2f')} |",
-        f"| boundary share of total absolute value change | {_n(b.share_of_abs_variation)} |",
-        f"| mean boundary step / mean within-turn step | {_n(b.mean_boundary_over_mean_within_step, '.2f')} |",
+        *_structure_rows(s, b),
         f"| MPO paper (arXiv:2610.35013) | median eta2 {ref.get('median_eta2')}, {100 * (ref.get('frac_ss_between_gt_within') or 0):.1f}% with SS_B > SS_W |",
         "",
         _interval_note(s) + " Thresholds of the verdict: "
         + ", ".join(f"{k} = {v}" for k, v in (rec.thresholds or {}).items()) + ".",
     ]
+
+
+def _structure_rows(s: AuditSummary, b: Boundary) -> list[str]:
+    """The headline's rows of omega2 / ICC(1) / F medians and the boundary ratios, each with its 95%
+    bootstrap interval where the summary has one, else labelled a point estimate."""
+    m = s.medians_ci or {}
+
+    def med(key: str, est: float | None, spec: str = ".3f") -> str:
+        iv = m.get(key)
+        if iv is not None and iv.ci95 is not None and est is not None:
+            return f"{est:{spec}} (95% CI {iv.ci95[0]:{spec}} to {iv.ci95[1]:{spec}})"
+        return f"{_n(est, spec)} (point estimate, no interval)" if est is not None else "n/a"
+
+    def ratio(est: float | None, ci: tuple[float, float] | None, spec: str) -> str:
+        if est is None:
+            return "n/a"
+        return (f"{est:{spec}} (95% CI {ci[0]:{spec}} to {ci[1]:{spec}})" if ci is not None
+                else f"{est:{spec}} (point estimate, no interval)")
+
+    return [f"| median omega2 | {med('omega2', s.omega2_median)} |",
+            f"| median ICC(1) | {med('icc1', s.icc1_median)} |",
+            f"| median F | {med('f_stat', s.f_stat_median, '.2f')} |",
+            f"| boundary share of total absolute value change | {ratio(b.share_of_abs_variation, b.share_ci95, '.3f')} |",
+            f"| mean boundary step / mean within-turn step | "
+            f"{ratio(b.mean_boundary_over_mean_within_step, b.step_ratio_ci95, '.2f')} |"]
 
 
 def _interval_note(s: AuditSummary) -> str:

@@ -227,6 +227,13 @@ class Boundary(Part):
     mean_boundary_over_mean_within_step: float | None = None
     n_boundary_steps: int = 0
     n_within_steps: int = 0
+    #: 95% bootstrap intervals of the two ratios (ratios of sums over the included trajectories),
+    #: resampling ``resampled`` (``"trajectories"`` or ``"clusters"``: the headline's unit); absent in older
+    #: summaries and where the ratio is undefined or fewer than 2 units are audited
+    share_ci95: tuple[float, float] | None = None
+    step_ratio_ci95: tuple[float, float] | None = None
+    resampled: str | None = None
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("share_ci95", "step_ratio_ci95", "resampled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -495,6 +502,9 @@ class AuditSummary(Part):
     omega2_median: float | None = None
     icc1_median: float | None = None
     f_stat_median: float | None = None
+    #: the medians of omega2, ICC(1) and F with their 95% bootstrap intervals (keys ``omega2``, ``icc1``,
+    #: ``f_stat``), over the headline's unit (trajectories or clusters); absent in older summaries
+    medians_ci: dict[str, Interval] | None = None
     boundary: Boundary | None = None
     critic_quality: CriticQuality | None = None
     by_success: dict[str, Breakdown] | None = None
@@ -508,7 +518,7 @@ class AuditSummary(Part):
     template_system: dict[str, Any] | None = None
     run: RunInfo = dataclasses.field(default_factory=RunInfo)
     comparison: CriticComparison | None = None
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("truncated", "breakdowns")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("truncated", "breakdowns", "medians_ci")
 
     @property
     def sample_text(self) -> str | None:

@@ -250,3 +250,76 @@ def test_reports_say_why_a_checkpoint_is_critic_too_weak():
     g1 = s.by_checkpoint["ck1"].critic_quality.gate
     assert g1.corr_within_stratum.p_value < 0.001 or f"(p {g1.corr_within_stratum.p_value:.3f})" in md
     assert "p 0.000" not in md and "p = 0.000" not in md
+
+
+# --- #13: intervals of omega2 / ICC / F, of the boundary ratios, of monitor's precision / recall ---
+
+def test_bootstrap_sums_ci_loop_reference():
+    """The ratio of resampled sums, against a loop over the same draws (one chunk: R x K < 2e6)."""
+    from critic_audit.analysis.clusters import bootstrap_sums_ci
+
+    rng = np.random.default_rng(3)
+    cols = np.column_stack([rng.random(12), rng.random(12) + 0.5])
+    codes = np.repeat(np.arange(4), 3)
+
+    def stat(t):
+        return t[:, 0] / (t[:, 0] + t[:, 1])
+
+    got = bootstrap_sums_ci(cols, codes, stat, n_boot=500, seed=7)
+    per_c = np.array([cols[codes == c].sum(axis=0) for c in range(4)])
+    draw = np.random.default_rng(7).integers(0, 4, size=(500, 4))
+    ref = [stat(per_c[row].sum(axis=0)[None, :])[0] for row in draw]
+    assert got[0] == pytest.approx(cols[:, 0].sum() / cols.sum(), rel=1e-12)
+    assert got[1:] == pytest.approx(tuple(np.quantile(ref, [0.025, 0.975])), rel=1e-12)
+    # trajectories (cluster None): each its own unit; identical trajectories: a zero-width interval
+    same = np.tile([[1.0, 3.0]], (10, 1))
+    assert bootstrap_sums_ci(same, None, stat, n_boot=200) == pytest.approx((0.25, 0.25, 0.25))
+    assert bootstrap_sums_ci(cols[:1], None, stat) is None  # one unit: no interval
+
+
+def test_structure_figures_carry_intervals_over_the_headline_unit():
+    from critic_audit.analysis.clusters import bootstrap_sums_ci, cluster_bootstrap_ci
+    from critic_audit.report import report_markdown
+
+    trajs, tokens = _agreeing(n_tasks=7, trials=4)
+    res = audit(trajs, tokens, AuditConfig(n_boot=300, gate=GateConfig(n_perm=300)))
+    s, per = res.summary, res.per_trajectory
+    codes = np.repeat(np.arange(7), 4)
+    for key in ("omega2", "icc1", "f_stat"):
+        iv = s.medians_ci[key]
+        assert iv.n_clusters == 7 and iv.estimate == pytest.approx(getattr(s, f"{key}_median"))
+        assert iv.ci95 == pytest.approx(cluster_bootstrap_ci(per[key].to_numpy(), codes, n_boot=300, seed=0)[1:3])
+    b = s.boundary
+    cols = per.select(pl.col("boundary_abs", "within_abs", "n_boundary_steps", "n_within_steps").cast(pl.Float64)).to_numpy()
+    ref = bootstrap_sums_ci(cols, codes, lambda t: t[:, 0] / (t[:, 0] + t[:, 1]), n_boot=300, seed=0)
+    assert b.resampled == "clusters" and b.share_ci95 == pytest.approx(ref[1:])
+    assert b.share_ci95[0] <= b.share_of_abs_variation <= b.share_ci95[1]
+    assert b.step_ratio_ci95[0] <= b.mean_boundary_over_mean_within_step <= b.step_ratio_ci95[1]
+    md = report_markdown(s.to_dict(), [])
+    lo, hi = s.medians_ci["omega2"].ci95
+    assert f"| median omega2 | {s.omega2_median:.3f} (95% CI {lo:.3f} to {hi:.3f}) |" in md
+    assert "in-sample point estimates (not the gate's figures" in md
+    # an older summary (no intervals): the figures are labelled point estimates
+    old = s.to_dict()
+    del old["medians_ci"]
+    for k in ("share_ci95", "step_ratio_ci95", "resampled"):
+        del old["boundary"][k]
+    md_old = report_markdown(old, [])
+    assert f"| median omega2 | {s.omega2_median:.3f} (point estimate, no interval) |" in md_old
+
+
+def test_monitor_precision_and_recall_have_wilson_intervals():
+    from test_monitor import synthetic
+
+    from critic_audit.analysis.monitor import MonitorConfig, monitor
+
+    traj, tok = synthetic()
+    res = monitor(traj, tok, MonitorConfig(n_boot=100, seed=1))
+    f = res.summary["any_flag"]
+    per = res.per_trajectory
+    lab = per.filter(pl.col("success").is_not_null())
+    n_fail = int((~lab["success"]).sum())
+    assert f["precision_ci95"] == pytest.approx(wilson_interval(f["flagged_failures"], f["flagged_labelled"]))
+    assert f["recall_ci95"] == pytest.approx(wilson_interval(f["flagged_failures"], n_fail))
+    assert f["precision_ci95"][0] <= f["precision"] <= f["precision_ci95"][1]
+    assert wilson_interval(3, 4) == pytest.approx((0.30064, 0.95441), abs=1e-5)  # docs/monitor.md's example

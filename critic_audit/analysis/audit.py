@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from critic_audit.analysis.clusters import cluster_bootstrap_ci, design_effect, has_clusters
+from critic_audit.analysis.clusters import bootstrap_sums_ci, cluster_bootstrap_ci, design_effect, has_clusters
 from critic_audit.analysis.decompose import bootstrap_ci, decompose
 from critic_audit.analysis.quality import (MIN_CONFIDENT_BOOTSTRAP, check_bootstrap_and_seed, GateConfig, TrajectorySums, pooled_ev, outcome_split,
                                            quality_gate, wilson_interval)
@@ -419,14 +419,16 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
     inc = per.filter(pl.col("excluded").is_null())
     whole = _group_stats(per, config)
     medians = {}
+    clusters = cluster_codes(inc)
+    medians_ci = {}
     for col in ("omega2", "icc1", "f_stat"):
         vals = inc[col].fill_nan(None).drop_nulls()
         medians[col] = _num(float(np.median(vals.to_numpy())) if vals.len() else None)
+        medians_ci[col] = _ci_entry(inc[col].fill_null(float("nan")).to_numpy(), "median", config, clusters)
     qper = per if tokens is None else _with_token_sums(per, tokens)  # None: the sums are columns of per
     by_checkpoint = _by_checkpoint(qper, config, fitted_ids)  # (each interval and gate seeded: any order)
     if ready is not None:
         ready("by_checkpoint", by_checkpoint)
-    clusters = cluster_codes(inc)
     summary = AuditSummary(
         truncated=tr, scope=config.scope, n_trajectories=per.height, n_included=inc.height,
         excluded=dict(Counter(x for x in per["excluded"].to_list() if x is not None)),
@@ -437,7 +439,7 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
         frac_var_turn_means_gt_mean_within_var=_frac_entry(inc["reading_b"], clusters),
         frac_f_gt_1=_frac_entry(inc["reading_c"], clusters),
         omega2_median=medians["omega2"], icc1_median=medians["icc1"], f_stat_median=medians["f_stat"],
-        boundary=_boundary(inc), critic_quality=_quality(qper, config, fitted_ids),
+        medians_ci=medians_ci, boundary=_boundary(inc, config, clusters), critic_quality=_quality(qper, config, fitted_ids),
         by_success=breakdown(per, "success", config), by_source=breakdown(per, "source", config),
         by_checkpoint=by_checkpoint, by_turn_bucket=breakdown(per, "turn_bucket", config),
         breakdowns={col: breakdown(per, col, config) for col in config.group_by} or None,
@@ -445,14 +447,26 @@ def _finish(per: pl.DataFrame, config: AuditConfig, pre_excluded: dict[str, str]
     return AuditResult(per, dataclasses.replace(summary, recommendation=_headline_verdict(summary, config, sampled)))
 
 
-def _boundary(inc: pl.DataFrame) -> Boundary:
-    """Value changes at turn boundaries against those within turns, over the included trajectories."""
+def _boundary(inc: pl.DataFrame, config: AuditConfig | None = None, clusters: np.ndarray | None = None) -> Boundary:
+    """Value changes at turn boundaries against those within turns, over the included trajectories; with
+    ``config``, each ratio's 95% bootstrap interval over trajectories (or ``clusters``: whole clusters), the
+    ratio of the resample's sums (:func:`critic_audit.analysis.clusters.bootstrap_sums_ci`)."""
     b_abs, w_abs = inc["boundary_abs"].sum(), inc["within_abs"].sum()
     n_b, n_w = inc["n_boundary_steps"].sum(), inc["n_within_steps"].sum()
-    return Boundary(
+    out = Boundary(
         share_of_abs_variation=_num(b_abs / (b_abs + w_abs)) if (b_abs + w_abs) else None,
         mean_boundary_over_mean_within_step=_num((b_abs / n_b) / (w_abs / n_w)) if n_b and n_w and w_abs else None,
         n_boundary_steps=int(n_b), n_within_steps=int(n_w))
+    if config is None or inc.height < 2:
+        return out
+    cols = inc.select(pl.col("boundary_abs", "within_abs", "n_boundary_steps", "n_within_steps")
+                      .cast(pl.Float64).fill_null(0.0)).to_numpy()
+    kw = dict(n_boot=config.n_boot, seed=config.seed)
+    share = bootstrap_sums_ci(cols, clusters, lambda t: t[:, 0] / (t[:, 0] + t[:, 1]), **kw)
+    ratio = bootstrap_sums_ci(cols, clusters, lambda t: (t[:, 0] / t[:, 2]) / (t[:, 1] / t[:, 3]), **kw)
+    return dataclasses.replace(out, share_ci95=share[1:] if share else None, step_ratio_ci95=ratio[1:] if ratio else None,
+                               resampled=("clusters" if clusters is not None else "trajectories")
+                               if share or ratio else None)
 
 
 def _headline_verdict(summary: AuditSummary, config: AuditConfig, sampled: bool = False) -> Recommendation:

@@ -21,10 +21,12 @@ average of a middle pair).
 from __future__ import annotations
 
 import math
+from typing import Any
+
 import numpy as np
 
 __all__ = ["ClusterLayout", "cluster_layout", "has_clusters", "cluster_bootstrap_ci", "design_effect",
-           "max_design_effect"]
+           "max_design_effect", "bootstrap_sums_ci"]
 
 
 class ClusterLayout:
@@ -167,6 +169,51 @@ def cluster_bootstrap_ci(x: np.ndarray, cluster: np.ndarray, stat: str = "median
     alpha = (1 - level) / 2
     lo, hi = np.quantile(out, [alpha, 1 - alpha])
     return float(fn(x)), float(lo), float(hi), K
+
+
+def bootstrap_sums_ci(cols: np.ndarray, cluster: np.ndarray | None, stat: Any, *, n_boot: int = 2000,
+                      seed: int = 0, level: float = 0.95) -> tuple[float, float, float] | None:
+    """Seeded percentile bootstrap interval of a statistic of column sums (a ratio of sums: the boundary
+    share of ``|dV|``, the boundary : within step ratio), resampling whole clusters, or trajectories when
+    ``cluster`` is None (each its own cluster): each resample draws K of the K units with replacement
+    and sums ``cols`` over the trajectories drawn (Davison & Hinkley 1997, section 3.8).
+
+    Args:
+        cols: (n, m) float per-trajectory sums (e.g. boundary |dV|, within |dV|, their step counts).
+        cluster: (n,) cluster codes, or None.
+        stat: function of (R, m) summed columns -> (R,) statistic (NaN where undefined; those resamples
+            are dropped).
+        n_boot, seed, level: resamples, ``numpy.random.default_rng`` seed, coverage.
+
+    Returns:
+        ``(estimate, low, high)``; None with fewer than 2 units or when the statistic is undefined on the
+        data or on fewer than half of the resamples.
+    """
+    cols = np.asarray(cols, dtype=np.float64).reshape(len(cols), -1)
+    codes = np.arange(len(cols)) if cluster is None else np.asarray(cluster)
+    lay = ClusterLayout(codes)
+    K = lay.n_clusters
+    with np.errstate(divide="ignore", invalid="ignore"):
+        est = float(stat(cols.sum(axis=0)[None, :])[0])
+    if K < 2 or not math.isfinite(est):
+        return None
+    per_c = np.zeros((K, cols.shape[1]))
+    np.add.at(per_c, lay.local, cols)
+    rng = np.random.default_rng(seed)
+    out = np.empty(n_boot)
+    chunk = max(1, 2_000_000 // K)
+    for s0 in range(0, n_boot, chunk):
+        e = min(n_boot, s0 + chunk)
+        draw = rng.integers(0, K, size=(e - s0, K))
+        counts = np.bincount((draw + K * np.arange(e - s0)[:, None]).ravel(), minlength=(e - s0) * K)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[s0:e] = stat(counts.reshape(e - s0, K).astype(np.float64) @ per_c)
+    ok = out[np.isfinite(out)]
+    if ok.size < n_boot / 2:
+        return None
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(ok, [alpha, 1 - alpha])
+    return est, float(lo), float(hi)
 
 
 def design_effect(flags: np.ndarray, cluster: np.ndarray) -> float:

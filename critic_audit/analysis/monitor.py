@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from critic_audit.analysis.quality import check_bootstrap_and_seed
+from critic_audit.analysis.quality import check_bootstrap_and_seed, wilson_interval
 from critic_audit.errors import ConfigError, InputError, UsageError
 
 REFERENCES = ("previous", "running_mean")
@@ -709,13 +709,18 @@ def _aurocs(lab: pl.DataFrame, fail: np.ndarray, config: MonitorConfig) -> dict[
 
 def _any_flag(lab: pl.DataFrame, fail: np.ndarray) -> dict[str, Any]:
     """The summary's ``any_flag``: precision and recall of "any turn flagged" for failure over the
-    labelled per-trajectory rows ``lab`` (``fail`` bool per row), with the flag and failure rates."""
+    labelled per-trajectory rows ``lab`` (``fail`` bool per row), each with its Wilson score 95% interval
+    over trajectories (``precision_ci95``, ``recall_ci95``; Wilson 1927; None without a denominator), with
+    the flag and failure rates."""
     n_fail = int(fail.sum())
     flag = lab["any_flag"].to_numpy().astype(bool)
     tp = int((flag & fail).sum())
+    n_flag = int(flag.sum())
     return {
-        "precision": _num(tp / flag.sum()) if flag.sum() else None,
+        "precision": _num(tp / n_flag) if n_flag else None,
+        "precision_ci95": wilson_interval(tp, n_flag) if n_flag else None,
         "recall": _num(tp / n_fail) if n_fail else None,
+        "recall_ci95": wilson_interval(tp, n_fail) if n_fail else None,
         "flag_rate": _num(flag.mean()) if flag.size else None,
         "failure_rate": _num(n_fail / lab.height) if lab.height else None,
         "flagged_labelled": int(flag.sum()),
