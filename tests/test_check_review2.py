@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -111,3 +112,77 @@ def test_a_folder_without_rollout_files_names_the_files_it_skipped(tmp_path):
     msg = str(e.value)
     assert "(5 other file(s) skipped: rows.jsonl (" in msg and "record-like rows), d/a.txt (" in msg
     assert "d/b.txt (" in msg and "and 2 more)" in msg and "d/c.txt" not in msg
+
+
+# ------------------------------------------------------------------------------------------ #12 verl layout
+
+
+def _verl_batch():
+    """Two rows in verl's DataProto layout: prompts [2, 3] (left-padded with id 0), responses [2, 6]
+    (right-padded with 0), input_ids = prompts + responses, attention_mask over all 9, response_mask over
+    the 6 response tokens (0 on the tool tokens 40, 41 and the padding), values and token rewards over
+    the responses."""
+    prompts = np.array([[0, 11, 12], [13, 14, 15]])
+    responses = np.array([[21, 22, 40, 41, 23, 0], [24, 25, 26, 0, 0, 0]])
+    resp_att = (responses != 0).astype(np.int64)
+    response_mask = np.array([[1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0]])
+    values = np.array([[.1, .2, .3, .4, .5, 0.], [.6, .7, .8, 0., 0., 0.]])
+    rewards = np.zeros((2, 6))
+    rewards[0, 4], rewards[1, 2] = 1.0, 0.5
+    return {"prompts": prompts, "responses": responses, "input_ids": np.concatenate([prompts, responses], 1),
+            "attention_mask": np.concatenate([(prompts != 0).astype(np.int64), resp_att], 1),
+            "response_mask": response_mask, "values": values, "token_level_rewards": rewards}
+
+
+def _verl_rows(batch, drop=()):
+    return [{"trajectory_id": f"r{i}", **{k: v[i].tolist() for k, v in batch.items() if k not in drop}}
+            for i in range(2)]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+@pytest.mark.parametrize("drop", [(), ("prompts",), ("responses",)])
+def test_verl_dataproto_layout_is_read_as_dump_verl_batch_reads_it(tmp_path, suffix, drop):
+    """review 2 #12: response_mask (and values, token rewards) over the R response tokens beside input_ids
+    of P + R was refused ("response_mask has 6 entries, input_ids 9"); read now exactly as dump_verl_batch
+    writes the same batch: same ids, mask, values and rewards, column-wise (Parquet, JSONL) and row by row."""
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from critic_audit.io.tokenized import read_tokenized
+    from critic_audit.io.verl_dump import dump_verl_batch
+
+    batch = _verl_batch()
+    rows = _verl_rows(batch, drop)
+    f = tmp_path / f"rows{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), f)
+    else:
+        f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    traj, tok = read_tokenized(f)
+    ref_traj, ref_tok = (pl.read_parquet(x) for x in dump_verl_batch(batch, tmp_path / "dump", step=0))
+    cols = ["token_id", "response_mask", "value"]
+    assert tok.select(cols).equals(ref_tok.sort("trajectory_id", "position").select(cols))
+    assert traj["reward"].to_list() == ref_traj.sort("trajectory_id")["reward"].to_list() == [1.0, 0.5]
+    # hand-computed: row 0 keeps 11 12 | 21 22 40 41 23 (8 tokens), policy tokens 21 22 and 23
+    r0 = tok.filter(pl.col("trajectory_id") == "r0")
+    assert r0["token_id"].to_list() == [11, 12, 21, 22, 40, 41, 23]
+    assert r0["response_mask"].to_list() == [False, False, True, True, False, False, True]
+    assert r0.filter(pl.col("response_mask"))["value"].to_list() == pytest.approx([.1, .2, .5])
+    rep = check_rollouts([f])
+    assert rep.n_trajectories == 2
+    sums = next(c for c in rep.checks if c.id == "reward_on_masked_token")
+    assert sums.status == "pass", sums
+
+
+def test_a_short_response_mask_without_prompts_or_responses_is_still_refused(tmp_path):
+    batch = _verl_batch()
+    f = tmp_path / "rows.jsonl"
+    rows = _verl_rows(batch, ("prompts", "responses"))
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match=r"record 0 .*response_mask has 6 entries, input_ids 9"):
+        check_rollouts([f])
+    rows[0]["responses"] = [9] * 6  # responses that are not input_ids' last 6: not the verl layout
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match=r"response_mask has 6 entries, input_ids 9"):
+        check_rollouts([f])

@@ -3,7 +3,8 @@
 Two row layouts, in Parquet (read row group by row group) or JSON / JSONL (JSONL line by line):
 
 * **sequence rows** (verl-style): ``input_ids`` (list of ints), ``response_mask`` (same length, 1 on
-  policy tokens; turn k = the k-th run of 1s), optional ``attention_mask`` (positions with 0 are
+  policy tokens; turn k = the k-th run of 1s; or verl's DataProto layout, over the R response tokens
+  beside ``prompts`` + ``responses`` = ``input_ids``: :func:`_verl_layout`), optional ``attention_mask`` (positions with 0 are
   padding and dropped), ``values`` (same length; ``values[t]`` is V of the state before token t, as
   verl stores it, so it becomes the canonical ``value`` at position t), ``old_log_probs`` (length
   checked, not stored), ``reward`` (a number, or per-token rewards that are summed), ``success``, an
@@ -50,7 +51,11 @@ TOK_GROUP_KEYS = ("group_id", "uid", "prompt_id", "task_id", "question_id", "ins
 _TOKEN_FIELDS = ("input_ids", "response_mask", "attention_mask", "values", "old_log_probs", "prompt_ids",
                  "completion_ids", "completion_mask", "prompt_mask", "completion_logprobs", "trajectory",
                  "position_ids", "token_level_rewards", "token_level_scores", "advantages", "returns",
-                 "rollout_log_probs", "turn_ids", "turn_index")
+                 "rollout_log_probs", "turn_ids", "turn_index", "prompts", "responses")
+#: verl ``DataProto`` fields over the response only ([B, R], the last R of ``input_ids``' P + R tokens):
+#: a row in that layout has them placed at the response's positions (:func:`_verl_layout`)
+RESPONSE_FIELDS = ("response_mask", "values", "old_log_probs", "rollout_log_probs", "ref_log_prob", "advantages",
+                   "returns", "token_level_rewards", "token_level_scores", "turn_ids")
 #: :attr:`TokenSequence.token_arrays` name -> the row fields it is read from (the first present wins).
 SIDE_ARRAYS: dict[str, tuple[str, ...]] = {
     "token_rewards": ("token_level_rewards", "token_level_scores", "reward", "score"),
@@ -364,7 +369,74 @@ def _metadata(rec: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
     return out
 
 
+def _size(v: Any) -> int | None:
+    return len(v) if isinstance(v, (list, tuple, np.ndarray)) else None
+
+
+def _verl_layout(rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``rec`` with its response-only fields (:data:`RESPONSE_FIELDS`, R entries) placed at the last R
+    of ``input_ids``' P + R positions: ``response_mask`` 0 and the others null over the prompt. That is
+    verl's ``DataProto`` layout (``input_ids`` = ``prompts`` + ``responses``, ``response_mask`` over
+    the responses, ``attention_mask`` over both); it is taken only when the row says so: ``responses``
+    equal to ``input_ids``' last R ids, or ``prompts`` equal to its first P. Any other row: as it is."""
+    ids, mask = rec.get("input_ids"), rec.get("response_mask")
+    n, r = _size(ids), _size(mask)
+    if n is None or r is None or r >= n:
+        return rec
+    p = n - r
+    resp, prom = rec.get("responses"), rec.get("prompts")
+    if not ((_size(resp) == r and list(ids[p:]) == list(resp)) or (_size(prom) == p and list(ids[:p]) == list(prom))):
+        return rec
+    out = dict(rec)
+    for k in RESPONSE_FIELDS:
+        v = out.get(k)
+        if _size(v) == r:
+            out[k] = [0 if k == "response_mask" else None] * p + list(v.tolist() if isinstance(v, np.ndarray) else v)
+    return out
+
+
+def _verl_layout_table(table: Any) -> Any:
+    """:func:`_verl_layout` over a row group at once (list columns rebuilt with numpy offsets): the
+    table as it is unless it has ``responses`` or ``prompts`` and every row's ``response_mask`` is
+    shorter than its ``input_ids`` by the ``prompts`` length or by as much as ``responses`` is long
+    (ids not compared: a row whose ids differ is read row by row, which compares them)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = table.column_names
+    if not ({"responses", "prompts"} & set(names)):
+        return table
+    got = [_flat(table.column(c)) for c in ("input_ids", "response_mask")]
+    if got[0] is None or got[1] is None or np.array_equal(got[0][1], got[1][1]):
+        return table
+    n, r = got[0][1], got[1][1]
+    p = n - r
+    other = _flat(table.column("responses")) if "responses" in names else None
+    said = other is not None and np.array_equal(other[1], r)
+    if not said and "prompts" in names:
+        other = _flat(table.column("prompts"))
+        said = other is not None and np.array_equal(other[1], p)
+    if not said or (p < 0).any():
+        return table
+    off = np.concatenate([[0], np.cumsum(n)])
+    dst = np.repeat(off[:-1] + p, r) + np.arange(int(r.sum())) - np.repeat(np.cumsum(r) - r, r)
+    src = np.full(int(n.sum()), -1, dtype=np.int64)
+    src[dst] = np.arange(int(r.sum()))
+    where = pa.array(src, mask=src < 0)
+    offsets = pa.array(off, type=pa.int64())
+    for k in RESPONSE_FIELDS:
+        f = _flat(table.column(k)) if k in names else None
+        if f is None or not np.array_equal(f[1], r):
+            continue
+        child = pc.take(f[0], where)
+        if k == "response_mask":
+            child = pc.fill_null(child, pa.scalar(0, child.type))
+        table = table.set_column(names.index(k), k, pa.LargeListArray.from_arrays(offsets, child))
+    return table
+
+
 def _sequence_row(rec: Mapping[str, Any], ctx: RecordContext, opts: ReadOptions, source: str) -> TokenSequence:
+    rec = _verl_layout(rec)
     raw = rec  # before _fields sums a per-token reward list
     rec, f = _fields(rec, ctx, opts)
     _finite_token_rewards(raw, ctx)
@@ -1101,6 +1173,7 @@ def _columnar_rows(table: Any, file: Path, first: int, label: str, *,
     names = table.column_names
     if "input_ids" not in names or "response_mask" not in names or any(c in names for c in _STEP_COLUMNS):
         return None
+    table = _verl_layout_table(table)
     ids_col = _flat(table.column("input_ids"))
     if ids_col is None:
         return None
