@@ -303,8 +303,9 @@ def check_owned_file(path: str | Path, *, kind: str, overwrite: bool = False, op
     :func:`refuse_input_clash`.
 
     Raises:
-        ConfigError: ``path`` is a folder, does not end in ``.parquet``, is ``/`` or another path :func:`check_out_path` refuses, or a
-            file critic-audit did not write (fix: another path, or ``overwrite``).
+        ConfigError: ``path`` is a folder, does not end in ``.parquet``, is ``/`` or another path :func:`check_out_path` refuses,
+            cannot be created (:func:`check_writable`), or is a file critic-audit did not write (fix: another
+            path, or ``overwrite``).
     """
     return _owned_target(path, kind, overwrite, option)[0]
 
@@ -320,6 +321,7 @@ def _owned_target(path: str | Path, kind: str, overwrite: bool, option: str) -> 
         raise ConfigError(f"{option} {raw} does not end in .parquet; this option writes a Parquet file",
                           fix=f"pass e.g. {option} {p.with_suffix('.parquet').name} (polars.read_parquet(...)"
                               ".write_csv(...) converts it to CSV)")
+    check_writable(p, option=option)  # before the work: a parent that is a file, a read-only folder
     m = read_manifest(p.parent)
     if p.exists() and not (overwrite or _parquet_kind(p) == kind):  # an audit's own tables are another kind
         raise ConfigError(f"{option} {raw} exists and is not a file critic-audit wrote, so it is not replaced "

@@ -211,3 +211,30 @@ def test_audit_folder_without_trajectories_names_it(audit, tmp_path):
                            f"{broken / 'trajectories.parquet'}: no such file", "(fix: restore trajectories.parquet")
     assert "lacks column" not in line
     assert not (tmp_path / "C").exists()
+
+
+def test_file_outputs_are_checked_before_the_work(tmp_path, audit):
+    """Item 8 for the file outputs (monitor, check, fit-critic --head-out) and fit-critic's folder: the
+    real cause, before the work (a fit refused at its end would lose it). The chat file below holds one
+    trajectory, too few to fit: the output's line coming first shows the order."""
+    chat = _chat(tmp_path / "chat.jsonl", n=1)
+    f = tmp_path / "f.txt"
+    f.write_text("x")
+    for args in (("monitor", audit, "--out", f / "x.parquet", "--bootstrap", 20),
+                 ("check", chat, "--out", f / "r.json"),
+                 ("fit-critic", chat, "--out", f / "c"),
+                 ("fit-critic", chat, "--out", tmp_path / "c", "--head-out", f / "h.safetensors")):
+        _one_line_error(_run(*args), "cannot create", f"its parent {f} is a file, not a folder")
+    if Path("/proc").is_dir():
+        for args in (("monitor", audit, "--out", "/proc/x.parquet", "--bootstrap", 20),
+                     ("check", chat, "--out", "/proc/r.json"), ("fit-critic", chat, "--out", "/proc/c")):
+            _one_line_error(_run(*args), "cannot write to /proc/", "(its folder /proc does not let it be made)")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "mine.txt").write_text("mine")
+    _one_line_error(_run("fit-critic", chat, "--out", full), "output folder exists and is not empty", "--overwrite")
+    _one_line_error(_run("fit-critic", chat, "--out", tmp_path / "c", "--head-out", f),
+                    f"--head-out {f} exists; it is not replaced without --overwrite")
+    _one_line_error(_run("fit-critic", chat, "--out", tmp_path / "c", "--head-out", full), "is a folder")
+    _one_line_error(_run("fit-critic", chat, "--out", tmp_path / "c"), "only 1 trajectories")  # then the input
+    assert f.read_text() == "x" and (full / "mine.txt").read_text() == "mine" and not (tmp_path / "c").exists()

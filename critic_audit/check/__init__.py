@@ -232,11 +232,11 @@ def check_report_path(path: str | Path, *, overwrite: bool = False, option: str 
 
     Raises:
         ConfigError: an empty path, ``.``, ``/``, the home or current folder (or a parent of them), a
-            symlink loop, an existing folder, or an existing file that is not a check report (without
-            ``overwrite``).
+            symlink loop, an existing folder, a path that cannot be created (its parent is a file or
+            not writable), or an existing file that is not a check report (without ``overwrite``).
     """
     from critic_audit.errors import ConfigError
-    from critic_audit.outputs import check_out_path
+    from critic_audit.outputs import check_out_path, check_writable
 
     raw = str(path)
     if raw.strip() == ".":  # (an empty path: check_out_path's "is empty")
@@ -246,6 +246,7 @@ def check_report_path(path: str | Path, *, overwrite: bool = False, option: str 
         raise ConfigError(f"{option} {raw} is a folder; the report is one JSON file",
                           fix=f"pass a file name, e.g. {option} {Path(raw) / 'check.json'}")
     p = check_out_path(raw, option=option, example="check.json")
+    check_writable(p, option=option)  # before the run: a parent that is a file, a read-only folder
     if p.exists() and not overwrite and not _is_check_report(p):
         raise ConfigError(f"{option} {raw} exists and is not a report critic-audit check wrote; it is left alone",
                           fix="pass another file name, or --overwrite to replace it")

@@ -413,9 +413,15 @@ def _head_metadata(path: Path) -> dict:
         return {}
 
 
-def _prepare_out(out_dir: Path, overwrite: bool) -> Path:
+def prepare_critic_out(out_dir: Path, overwrite: bool) -> Path:
     """``out_dir`` resolved; an existing non-empty folder is replaced only with ``overwrite`` and only
-    when it is entirely critic-audit's (:mod:`critic_audit.outputs`)."""
+    when it is entirely critic-audit's (:mod:`critic_audit.outputs`). ``fit-critic`` calls it before
+    the fit too, so that a refusal never comes after the work.
+
+    Raises:
+        ConfigError: ``out_dir`` is a file, a folder not empty (without ``overwrite``), or holds files
+            critic-audit did not write.
+    """
     from critic_audit.outputs import check_out_path, check_replaceable
 
     out_dir = check_out_path(out_dir)
@@ -462,7 +468,7 @@ def save_critic(
         CheckpointError: the backbone cannot be loaded or has no token-classification class.
     """
     backbone_dir = Path(backbone_dir)
-    out_dir = _prepare_out(Path(out_dir), overwrite)
+    out_dir = prepare_critic_out(Path(out_dir), overwrite)
     w, b = _head_arrays(weight, bias)
     read_config(backbone_dir, trust_remote_code=trust_remote_code)
     weight_files(backbone_dir)

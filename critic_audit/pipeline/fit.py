@@ -24,7 +24,7 @@ from critic_audit.critic.options import HeadFitOptions
 from critic_audit.errors import ConfigError, CriticAuditError, InputError, UsageError
 from critic_audit.io.inputs import read_inputs
 from critic_audit.io.records import ReadOptions
-from critic_audit.outputs import refuse_input_clash
+from critic_audit.outputs import check_out_path, check_writable, refuse_input_clash
 from critic_audit.pipeline.scoring import Progress
 from critic_audit.turns import TokenizeConfig, tokenize_conversations
 
@@ -125,6 +125,33 @@ def _read(inputs: Sequence[str | Path], read_options: ReadOptions, tokenize: Tok
     return convs, res, {c.trajectory_id: c for c in convs}
 
 
+def check_outputs(inputs: Sequence[str | Path], out_dir: str | Path, head_out: str | Path | None,
+                  overwrite: bool) -> None:
+    """Refuse, before the fit (a refusal after it would lose the work), an ``out_dir`` or ``head_out``
+    that is (or holds) an input (:func:`critic_audit.outputs.refuse_input_clash`), cannot be created
+    (:func:`critic_audit.outputs.check_writable`), or would replace a folder or file without
+    ``overwrite`` (:func:`critic_audit.critic.fit.prepare_critic_out`).
+
+    Raises:
+        ConfigError: as above, one line naming the option, the path and the fix.
+    """
+    from critic_audit.critic.fit import prepare_critic_out
+
+    refuse_input_clash(out_dir, inputs, example="critic_out")
+    check_writable(prepare_critic_out(Path(out_dir), overwrite))
+    if head_out is None:
+        return
+    refuse_input_clash(head_out, inputs, option="--head-out", example="head.safetensors")
+    hp = check_out_path(head_out, option="--head-out", example="head.safetensors")
+    if hp.is_dir():
+        raise ConfigError(f"--head-out {head_out} is a folder; it names one file",
+                          fix=f"pass a file path, e.g. --head-out {Path(head_out) / 'head.safetensors'}")
+    if hp.exists() and not overwrite:
+        raise ConfigError(f"--head-out {head_out} exists; it is not replaced without --overwrite",
+                          fix="pass another path, or --overwrite to replace it")
+    check_writable(hp, option="--head-out")
+
+
 def fit_critic(
     inputs: Sequence[str | Path],
     out_dir: str | Path,
@@ -170,9 +197,7 @@ def fit_critic(
     for p in inputs:
         if not Path(p).exists():
             raise InputError("no such file or folder", path=p, fix="check the path")
-    refuse_input_clash(out_dir, inputs, example="critic_out")
-    if head_out is not None:
-        refuse_input_clash(head_out, inputs, option="--head-out", example="head.safetensors")
+    check_outputs(inputs, out_dir, head_out, overwrite)
     bdir = Path(cached_backbone(backbone))
     convs, res, by_id = _read(inputs, read_options, tokenize, bdir, progress)
     tcs = res.conversations
