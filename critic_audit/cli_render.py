@@ -100,7 +100,7 @@ def summary_table(s: AuditSummary) -> Table:
     t.add_row("boundary share of |dV|", _est_ci(b.share_of_abs_variation, b.share_ci95, ".3f"))
     t.add_row("boundary:within step ratio", _est_ci(b.mean_boundary_over_mean_within_step, b.step_ratio_ci95, ".2f"))
     q = s.critic_quality or CriticQuality()
-    t.add_row("pooled EV (all tokens) / corr(mean V, reward): in-sample, not the gate's",
+    t.add_row("pooled EV / corr(mean V, R): in-sample, not the gate's",
               f"{fmt(q.explained_variance)} / {fmt(q.corr_mean_value_reward)}  (point estimates)")
     g = q.gate
     if g:
