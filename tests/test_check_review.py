@@ -204,7 +204,7 @@ def test_wording_of_a_clean_ending_and_of_a_bad_examples_option(tmp_path):
     f.write_text(json.dumps({"id": "a", **_ROW}) + "\n")
     c = next(c for c in check_rollouts([f]).checks if c.id == "ends_on_observation")
     assert c.summary == "no unflagged rollout ends on an observation (none of 1 token rows ends on one)"
-    with pytest.raises(UsageError, match=r"^--examples -1 must be >= 0$"):
+    with pytest.raises(UsageError, match=r"^--examples -1 must be >= 0 \(fix: use e.g. --examples 5\)$"):  # review 2 #16
         CheckConfig(examples=-1)
     res = CliRunner().invoke(app, ["check", "--examples", "-1", str(f)])
     assert res.exit_code == 2 and "--examples -1 must be >= 0" in res.output
