@@ -3,6 +3,7 @@ each pinned by a hand-built case with its exact outcome."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -186,3 +187,19 @@ def test_a_short_response_mask_without_prompts_or_responses_is_still_refused(tmp
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(InputError, match=r"response_mask has 6 entries, input_ids 9"):
         check_rollouts([f])
+
+
+# ------------------------------------------------------------------------------------------ #11 README
+
+
+def test_readme_first_screen_has_the_cheap_command_and_the_two_required_ones():
+    """review 2 #11: the first screen (the first 25 lines) holds the pip install line with the CPU torch
+    wheel the set-up script installs, the seconds-long analyze of the shipped PPO run, demo.sh and test.sh."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    first = "\n".join((root / "README.md").read_text().splitlines()[:25])
+    pin = re.search(r"pip install -q (torch==[\d.]+)", (root / "scripts" / "setup.sh").read_text()).group(1)
+    assert f"pip install {pin} && pip install -e ." in first
+    assert "\ncritic-audit analyze sample_data/credit_ppo_run/rollouts --out audit_trained\n" in first
+    assert "\nbash scripts/demo.sh" in first and "\nbash scripts/test.sh" in first

@@ -183,6 +183,7 @@ def _sandbox(critic_dir: Path) -> None:
                   "ckpt/policy"):
         _critic(critic_dir, where)
     dump_verl_batch(_setup_dump(critic_dir)["batch"], "verl_dump", step=1)
+    Path("sample_data").symlink_to(SAMPLE, target_is_directory=True)  # the README's first command reads it
 
 
 def _commands(code: str) -> list[str]:
