@@ -2,7 +2,8 @@
 # README command one: set up, then let the audit tell a weak critic from a structured one.
 #   1. the shipped SmolLM2-135M critic, fitted by `fit-critic --method layers --train-layers 2 --epochs 0
 #      --weighting token` (a ridge head on the frozen model) on 128 tau-bench and 425 FireAct rollouts of
-#      other tasks, where it passes the gate on held-out tasks, on real tau-bench and FireAct rollouts ->
+#      other tasks (on their held-out tasks it passes the gate by trajectories, not by tasks), on real
+#      tau-bench and FireAct rollouts ->
 #      audit_out/ (the quality gate says whether it explains the outcome here, and why not; docs/audit.md
 #      "The demo's critic")
 #   2. the critics of a small PPO run of our own trainer, one per checkpoint, re-audited from the values

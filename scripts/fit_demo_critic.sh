@@ -5,6 +5,9 @@
 # 1e-3..100 by held-out value loss; --epochs N would then train the top 2 layers), token-weighted (the
 # weighting the gate's explained variance rewards), on 128 tau-bench airline + 425 FireAct rollouts
 # (sample_data/critic_fit/, task-disjoint from the demo's sample), held-out split by task, seed 0.
+# sample_data/critic_fit/wikipedia_react_hotpotqa_fit.txt (93 Reflexion ReAct runs) is deliberately not an input:
+# issue 37's comparison on the same split (the rule written first) kept this head; the head refitted with those
+# runs, and the top 2 layers trained on them, had lower held-out explained variance (docs/audit.md, "Issue 37").
 # Cost and figures: docs/audit.md ("The demo's critic"). Usage: bash scripts/fit_demo_critic.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
