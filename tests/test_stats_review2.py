@@ -265,7 +265,7 @@ def test_bootstrap_sums_ci_loop_reference():
     def stat(t):
         return t[:, 0] / (t[:, 0] + t[:, 1])
 
-    got = bootstrap_sums_ci(cols, codes, stat, n_boot=500, seed=7)
+    [got] = bootstrap_sums_ci(cols, codes, [stat], n_boot=500, seed=7)
     per_c = np.array([cols[codes == c].sum(axis=0) for c in range(4)])
     draw = np.random.default_rng(7).integers(0, 4, size=(500, 4))
     ref = [stat(per_c[row].sum(axis=0)[None, :])[0] for row in draw]
@@ -273,8 +273,13 @@ def test_bootstrap_sums_ci_loop_reference():
     assert got[1:] == pytest.approx(tuple(np.quantile(ref, [0.025, 0.975])), rel=1e-12)
     # trajectories (cluster None): each its own unit; identical trajectories: a zero-width interval
     same = np.tile([[1.0, 3.0]], (10, 1))
-    assert bootstrap_sums_ci(same, None, stat, n_boot=200) == pytest.approx((0.25, 0.25, 0.25))
-    assert bootstrap_sums_ci(cols[:1], None, stat) is None  # one unit: no interval
+    assert bootstrap_sums_ci(same, None, [stat], n_boot=200)[0] == pytest.approx((0.25, 0.25, 0.25))
+    assert bootstrap_sums_ci(cols[:1], None, [stat]) == [None]  # one unit: no interval
+    # undefined on the data (no |dV| at all): no interval; 1 of 10 rows defined: most resamples still hold it
+    assert bootstrap_sums_ci(np.zeros((10, 2)), None, [stat], n_boot=200) == [None]
+    sparse = np.zeros((10, 2))
+    sparse[0] = [1.0, 1.0]
+    assert bootstrap_sums_ci(sparse, None, [stat], n_boot=200) == [(0.5, 0.5, 0.5)]
 
 
 def test_structure_figures_carry_intervals_over_the_headline_unit():
@@ -291,7 +296,7 @@ def test_structure_figures_carry_intervals_over_the_headline_unit():
         assert iv.ci95 == pytest.approx(cluster_bootstrap_ci(per[key].to_numpy(), codes, n_boot=300, seed=0)[1:3])
     b = s.boundary
     cols = per.select(pl.col("boundary_abs", "within_abs", "n_boundary_steps", "n_within_steps").cast(pl.Float64)).to_numpy()
-    ref = bootstrap_sums_ci(cols, codes, lambda t: t[:, 0] / (t[:, 0] + t[:, 1]), n_boot=300, seed=0)
+    [ref] = bootstrap_sums_ci(cols, codes, [lambda t: t[:, 0] / (t[:, 0] + t[:, 1])], n_boot=300, seed=0)
     assert b.resampled == "clusters" and b.share_ci95 == pytest.approx(ref[1:])
     assert b.share_ci95[0] <= b.share_of_abs_variation <= b.share_ci95[1]
     assert b.step_ratio_ci95[0] <= b.mean_boundary_over_mean_within_step <= b.step_ratio_ci95[1]

@@ -461,9 +461,9 @@ def _boundary(inc: pl.DataFrame, config: AuditConfig | None = None, clusters: np
         return out
     cols = inc.select(pl.col("boundary_abs", "within_abs", "n_boundary_steps", "n_within_steps")
                       .cast(pl.Float64).fill_null(0.0)).to_numpy()
-    kw = dict(n_boot=config.n_boot, seed=config.seed)
-    share = bootstrap_sums_ci(cols, clusters, lambda t: t[:, 0] / (t[:, 0] + t[:, 1]), **kw)
-    ratio = bootstrap_sums_ci(cols, clusters, lambda t: (t[:, 0] / t[:, 2]) / (t[:, 1] / t[:, 3]), **kw)
+    share, ratio = bootstrap_sums_ci(cols, clusters, (lambda t: t[:, 0] / (t[:, 0] + t[:, 1]),
+                                                      lambda t: (t[:, 0] / t[:, 2]) / (t[:, 1] / t[:, 3])),
+                                     n_boot=config.n_boot, seed=config.seed)
     return dataclasses.replace(out, share_ci95=share[1:] if share else None, step_ratio_ci95=ratio[1:] if ratio else None,
                                resampled=("clusters" if clusters is not None else "trajectories")
                                if share or ratio else None)

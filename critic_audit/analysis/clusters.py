@@ -21,6 +21,7 @@ average of a middle pair).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -171,49 +172,86 @@ def cluster_bootstrap_ci(x: np.ndarray, cluster: np.ndarray, stat: str = "median
     return float(fn(x)), float(lo), float(hi), K
 
 
-def bootstrap_sums_ci(cols: np.ndarray, cluster: np.ndarray | None, stat: Any, *, n_boot: int = 2000,
-                      seed: int = 0, level: float = 0.95) -> tuple[float, float, float] | None:
-    """Seeded percentile bootstrap interval of a statistic of column sums (a ratio of sums: the boundary
+_SUMS: list = []
+
+
+def _sums_kernel():
+    """Compiled column sums of cluster resamples (None without numba), built once: per resample, the
+    drawn clusters' sums added in draw order (no (R, K) count matrix)."""
+    if not _SUMS:
+        from critic_audit.analysis.decompose import HAVE_NUMBA
+
+        _SUMS.append(None)
+        if HAVE_NUMBA:
+            from numba import njit
+
+            @njit(cache=True, nogil=True)
+            def sums(draw, per_c, out):  # pragma: no cover - compiled
+                m = per_c.shape[1]
+                for b in range(draw.shape[0]):
+                    for j in range(m):
+                        out[b, j] = 0.0
+                    for c in draw[b]:
+                        for j in range(m):
+                            out[b, j] += per_c[c, j]
+
+            _SUMS[0] = sums
+    return _SUMS[0]
+
+
+def bootstrap_sums_ci(cols: np.ndarray, cluster: np.ndarray | None, stats: Sequence[Any], *, n_boot: int = 2000,
+                      seed: int = 0, level: float = 0.95) -> list[tuple[float, float, float] | None]:
+    """Seeded percentile bootstrap intervals of statistics of column sums (ratios of sums: the boundary
     share of ``|dV|``, the boundary : within step ratio), resampling whole clusters, or trajectories when
     ``cluster`` is None (each its own cluster): each resample draws K of the K units with replacement
-    and sums ``cols`` over the trajectories drawn (Davison & Hinkley 1997, section 3.8).
+    and sums ``cols`` over the trajectories drawn (Davison & Hinkley 1997, section 3.8); every statistic
+    is computed on the same resamples.
 
     Args:
         cols: (n, m) float per-trajectory sums (e.g. boundary |dV|, within |dV|, their step counts).
         cluster: (n,) cluster codes, or None.
-        stat: function of (R, m) summed columns -> (R,) statistic (NaN where undefined; those resamples
+        stats: functions of (R, m) summed columns -> (R,) statistic (NaN where undefined; those resamples
             are dropped).
         n_boot, seed, level: resamples, ``numpy.random.default_rng`` seed, coverage.
 
     Returns:
-        ``(estimate, low, high)``; None with fewer than 2 units or when the statistic is undefined on the
-        data or on fewer than half of the resamples.
+        One ``(estimate, low, high)`` per statistic; None with fewer than 2 units, or when the statistic is
+        undefined on the data or on more than half of the resamples.
     """
     cols = np.asarray(cols, dtype=np.float64).reshape(len(cols), -1)
     codes = np.arange(len(cols)) if cluster is None else np.asarray(cluster)
     lay = ClusterLayout(codes)
     K = lay.n_clusters
     with np.errstate(divide="ignore", invalid="ignore"):
-        est = float(stat(cols.sum(axis=0)[None, :])[0])
-    if K < 2 or not math.isfinite(est):
-        return None
+        ests = [float(f(cols.sum(axis=0)[None, :])[0]) for f in stats]
+    if K < 2 or not any(math.isfinite(e) for e in ests):
+        return [None] * len(stats)
     per_c = np.zeros((K, cols.shape[1]))
     np.add.at(per_c, lay.local, cols)
     rng = np.random.default_rng(seed)
-    out = np.empty(n_boot)
+    summed = np.empty((n_boot, cols.shape[1]))
     chunk = max(1, 2_000_000 // K)
+    kernel = _sums_kernel()
     for s0 in range(0, n_boot, chunk):
         e = min(n_boot, s0 + chunk)
         draw = rng.integers(0, K, size=(e - s0, K))
+        if kernel is not None:
+            kernel(draw, per_c, summed[s0:e])
+            continue
         counts = np.bincount((draw + K * np.arange(e - s0)[:, None]).ravel(), minlength=(e - s0) * K)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out[s0:e] = stat(counts.reshape(e - s0, K).astype(np.float64) @ per_c)
-    ok = out[np.isfinite(out)]
-    if ok.size < n_boot / 2:
-        return None
+        summed[s0:e] = counts.reshape(e - s0, K).astype(np.float64) @ per_c
     alpha = (1 - level) / 2
-    lo, hi = np.quantile(ok, [alpha, 1 - alpha])
-    return est, float(lo), float(hi)
+    out: list[tuple[float, float, float] | None] = []
+    for f, est in zip(stats, ests):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = f(summed)
+        ok = r[np.isfinite(r)]
+        if not math.isfinite(est) or ok.size < n_boot / 2:
+            out.append(None)
+            continue
+        lo, hi = np.quantile(ok, [alpha, 1 - alpha])
+        out.append((est, float(lo), float(hi)))
+    return out
 
 
 def design_effect(flags: np.ndarray, cluster: np.ndarray) -> float:
