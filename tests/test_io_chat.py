@@ -515,7 +515,7 @@ def _canonical_message(draw) -> dict[str, Any]:
 
 @st.composite
 def _conversation(draw, tid: str) -> Conversation:
-    reward = draw(st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False)))
+    reward = draw(st.one_of(st.none(), st.floats(min_value=-1e100, max_value=1e100, allow_nan=False)))
     success = draw(st.booleans()) if reward is not None else draw(st.one_of(st.none(), st.booleans()))
     return Conversation(
         trajectory_id=tid,
