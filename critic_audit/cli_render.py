@@ -72,6 +72,8 @@ def summary_table(s: AuditSummary) -> Table:
             t.add_row(f"{what} audited / read{of}", f"{e.audited} / {e.read} ({100 * e.share:.1f}%)")
     if s.scope not in (None, "assistant") and s.n_turns_included is not None:
         t.add_row(f"{labels['groups']} audited", str(s.n_turns_included))
+    if cov.duplicates_dropped:
+        t.add_row("copies dropped (same id and content in 2 files)", str(cov.duplicates_dropped))
     exc = s.excluded or {}
     if exc:
         t.add_row("excluded", ", ".join(f"{k}: {v}" for k, v in sorted(exc.items())))

@@ -217,6 +217,10 @@ class Coverage(Part):
     tokens: Share | None = None
     low: bool = False
     warning: str | None = None
+    #: ``--lenient``: copies of rollouts (same id and content in another file) dropped before the audit,
+    #: each rollout read once (``input.notes.duplicate_trajectories``); absent when none
+    duplicates_dropped: int | None = None
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("duplicates_dropped",)
 
 
 @dataclasses.dataclass(frozen=True)

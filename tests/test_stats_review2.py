@@ -328,3 +328,20 @@ def test_monitor_precision_and_recall_have_wilson_intervals():
     assert f["recall_ci95"] == pytest.approx(wilson_interval(f["flagged_failures"], n_fail))
     assert f["precision_ci95"][0] <= f["precision"] <= f["precision_ci95"][1]
     assert wilson_interval(3, 4) == pytest.approx((0.30064, 0.95441), abs=1e-5)  # docs/monitor.md's example
+
+
+def test_copies_dropped_are_part_of_the_coverage():
+    from critic_audit.io.records import ReadReport
+    from critic_audit.pipeline.analyze import with_run
+    from critic_audit.summary import AuditSummary
+
+    trajs, tokens = _agreeing(n_tasks=3, trials=2)
+    s = audit(trajs, tokens, AuditConfig(n_boot=50, gate=GateConfig(n_perm=50))).summary
+    rep = ReadReport()
+    rep.notes["duplicate_trajectories"] += 6
+    out = with_run(s, input=rep)
+    assert out.coverage.duplicates_dropped == 6 and out.coverage.trajectories == s.coverage.trajectories
+    d = out.to_dict()
+    assert d["coverage"]["duplicates_dropped"] == 6
+    assert AuditSummary.from_json(out.to_json()).coverage.duplicates_dropped == 6
+    assert "duplicates_dropped" not in with_run(s, input=ReadReport()).to_dict()["coverage"]

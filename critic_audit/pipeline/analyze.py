@@ -73,6 +73,9 @@ def with_run(summary: AuditSummary, *, inputs: Sequence[str | Path] | None = Non
         run["seconds"] = round(seconds, 2)
     if input is not None:
         run["input"] = InputReport.from_dict(input.as_dict())
+        dup = input.notes.get("duplicate_trajectories", 0)
+        if dup and summary.coverage is not None:  # copies dropped by --lenient: part of the coverage
+            summary = dataclasses.replace(summary, coverage=dataclasses.replace(summary.coverage, duplicates_dropped=dup))
     if warnings is not None:
         run["warnings"] = tuple(warnings)
     return dataclasses.replace(summary, run=dataclasses.replace(summary.run, **run, summary_version=SUMMARY_VERSION))
