@@ -345,3 +345,46 @@ def test_copies_dropped_are_part_of_the_coverage():
     assert d["coverage"]["duplicates_dropped"] == 6
     assert AuditSummary.from_json(out.to_json()).coverage.duplicates_dropped == 6
     assert "duplicates_dropped" not in with_run(s, input=ReadReport()).to_dict()["coverage"]
+
+
+def test_one_disagreeing_trajectory_makes_no_side_surer_than_none():
+    """27 of 28 in 7 tasks of 4 (the one failure inside a task): its design effect, estimated from that
+    one trajectory, is 28/27 (n_eff 27, Wilson low end 0.82 alone); the interval is widened to 28 of 28's
+    low end 7 / (7 + z^2) = 0.646, so the verdict is inconclusive as for 28 of 28."""
+    trajs, tokens = _agreeing()
+    # trajectory t3_1 (task 3): its turn levels reversed within the turn -> SS_B < SS_W
+    tokens = tokens.with_columns(value=pl.when(pl.col("trajectory_id") == "t3_1")
+                                 .then(pl.Series(np.tile([0.0, 1.0], tokens.height // 2)).cast(pl.Float32))
+                                 .otherwise(pl.col("value")))
+    s = audit(trajs, tokens, AuditConfig(n_boot=300, gate=GateConfig(n_perm=300))).summary
+    f = s.frac_ss_between_gt_within
+    assert (f.k, f.n) == (27, 28)
+    # deff: p = 27/28, clusters 6 x (4 - 4p)^2 + (3 - 4p)^2 = 6/49 + 36/49 = 6/7; C/(C-1) = 7/6 -> 1/784 x ...
+    assert f.design_effect == pytest.approx((7 / 6) * (6 / 7) / 784 / ((27 / 28) * (1 / 28) / 28), rel=1e-12)
+    assert f.design_effect == pytest.approx(28 / 27, rel=1e-12)
+    raw = wilson_interval(27 / f.design_effect, 28 / f.design_effect)
+    assert raw[0] > 0.8  # what the estimate alone would claim
+    assert f.ci95 == pytest.approx((7 / (7 + Z * Z), raw[1]), rel=1e-12)
+    assert s.recommendation.verdict == "inconclusive"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5), st.floats(0, 1)), min_size=2, max_size=10), st.integers(0, 2**31))
+def test_fraction_interval_envelope(clusters, seed):
+    """With clusters: the interval contains Wilson's at n / deff and reaches 0-of-n's and n-of-n's ends at
+    n_eff = n^2 / sum n_c^2 (loop reference of the sizes)."""
+    rng = np.random.default_rng(seed)
+    sizes = [m for m, _ in clusters]
+    flags = np.concatenate([rng.random(m) < q for m, q in clusters])
+    codes = np.repeat(np.arange(len(sizes)), sizes)
+    n = flags.size
+    if max(sizes) < 2:
+        return  # no cluster of several trajectories: no design effect
+    from critic_audit.analysis.audit import _frac_entry
+
+    f = _frac_entry(pl.Series(flags), codes)
+    k, d = int(flags.sum()), f.design_effect
+    raw = wilson_interval(k / d, n / d)
+    m = n * n / sum(x * x for x in sizes)
+    assert f.ci95[0] == pytest.approx(min(raw[0], wilson_interval(m, m)[0]), rel=1e-12)
+    assert f.ci95[1] == pytest.approx(max(raw[1], wilson_interval(0, m)[1]), rel=1e-12)

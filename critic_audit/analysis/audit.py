@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from critic_audit.analysis.clusters import bootstrap_sums_ci, cluster_bootstrap_ci, design_effect, has_clusters
+from critic_audit.analysis.clusters import (ClusterLayout, bootstrap_sums_ci, cluster_bootstrap_ci, design_effect,
+                                           has_clusters, max_design_effect)
 from critic_audit.analysis.decompose import bootstrap_ci, decompose
 from critic_audit.analysis.quality import (MIN_CONFIDENT_BOOTSTRAP, check_bootstrap_and_seed, GateConfig, TrajectorySums, pooled_ev, outcome_split,
                                            quality_gate, wilson_interval)
@@ -190,7 +191,10 @@ def _ci_entry(x: np.ndarray, stat: str, config: AuditConfig, clusters: np.ndarra
 def _frac_entry(flags: pl.Series, clusters: np.ndarray | None = None) -> Fraction:
     """A fraction of trajectories ``k`` of ``n``, its interval the Wilson score's (None when n = 0).
     With ``clusters`` (:func:`cluster_codes`, one per row of ``flags``) the interval is Wilson's at the
-    effective sample size ``n / deff`` (:func:`critic_audit.analysis.clusters.design_effect`)."""
+    effective sample size ``n / deff`` (:func:`critic_audit.analysis.clusters.design_effect`), widened where
+    needed to reach the interval of ``n`` of ``n`` (low end) and of 0 of ``n`` (high end) at the effective n
+    of agreeing trajectories (``n^2 / sum n_c^2``): one disagreeing trajectory cannot make a side surer than
+    none would (its design effect, estimated from that one trajectory, is near 1)."""
     keep = flags.is_not_null().to_numpy()
     f = flags.drop_nulls().cast(pl.Boolean)
     n, k = f.len(), int(f.sum()) if f.len() else 0
@@ -199,6 +203,9 @@ def _frac_entry(flags: pl.Series, clusters: np.ndarray | None = None) -> Fractio
         return Fraction(estimate=k / n if n else None, ci95=tuple(ci) if ci else None, k=k, n=n)
     deff = design_effect(f.to_numpy(), clusters[keep])
     ci = wilson_interval(k / deff, n / deff)
+    if ci is not None:  # never surer of a side than data that all agree would make it (docs/audit.md)
+        m = n / max_design_effect(ClusterLayout(clusters[keep]).lens)
+        ci = (min(ci[0], wilson_interval(m, m)[0]), max(ci[1], wilson_interval(0, m)[1]))
     return Fraction(estimate=k / n, ci95=tuple(ci) if ci else None, k=k, n=n, design_effect=deff,
                     n_effective=n / deff)
 
