@@ -59,7 +59,8 @@ class PlotProcess:
             env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         self._err = open(self.dir / "stderr.txt", "wb")  # noqa: SIM115 - closed in close()
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "critic_audit.plot_process"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-m", "critic_audit.plot_process", str(self.dir)],
+                                         stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self._err, env=env)
         except OSError:
             self._err.close()
@@ -166,7 +167,8 @@ def _answer(path: Path, status: str, payload: Any) -> None:
 
 
 def _serve() -> None:
-    """The child: import the plotting code now (the caller is still reading), then draw each job."""
+    """The child: import the plotting code now (the caller is still reading), then draw each job; at the
+    end of its input (the caller closed it, or died), remove the temporary folder (``argv[1]``)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's: it ends this process
@@ -188,6 +190,8 @@ def _serve() -> None:
             _answer(path, "error", e)
             continue
         _answer(path, "ok", stems)
+    if len(sys.argv) > 1:  # stdin closed: the caller is done, or was killed before it could remove the folder
+        shutil.rmtree(sys.argv[1], ignore_errors=True)
 
 
 if __name__ == "__main__":

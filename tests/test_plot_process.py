@@ -88,3 +88,12 @@ def test_a_plot_process_that_dies_leaves_the_plots_to_the_caller(tmp_path, monke
     analyze([run], tmp_path / "s", scoring=None, audit_config=AuditConfig(n_boot=50), plots=True)
     assert {p.name for p in (tmp_path / "s" / "plots").iterdir()} >= {"value_traces.png", "eta2_ev_by_checkpoint.svg"}
     assert "eta2_ev_by_checkpoint.png" in (tmp_path / "s" / "report.md").read_text()
+
+
+def test_the_plot_process_removes_its_folder_when_the_caller_dies():
+    p = PlotProcess()
+    folder = p.dir
+    p.proc.stdin.close()  # what a killed caller leaves: the end of the child's input, no close()
+    p.proc.wait(timeout=60)
+    assert not folder.exists()
+    p.close()
