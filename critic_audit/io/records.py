@@ -201,15 +201,18 @@ class ReadReport:
         return int(sum(v for k, v in self.notes.items() if "joined" in k))
 
     def records(self) -> dict[str, int | None]:
-        """``{"read", "joined", "skipped", "copies_dropped", "total"}``: every record of the input read,
+        """``{"read", "joined", "skipped", "total"}`` (and ``"copies_dropped"`` when some were): every record of the input read,
         joined, skipped, or dropped as a later copy of a rollout read from another file (``--lenient``:
         ``notes["duplicate_trajectories"]``, :mod:`critic_audit.io.copies`); ``total`` None until
         ``records_read`` is set."""
         skipped = int(sum(self.skipped.values()))
         copies = int(self.notes.get("duplicate_trajectories", 0))
         read = self.records_read
-        return {"read": read, "joined": self.joined, "skipped": skipped, "copies_dropped": copies,
-                "total": None if read is None else read + self.joined + skipped + copies}
+        out: dict[str, int | None] = {"read": read, "joined": self.joined, "skipped": skipped}
+        if copies:
+            out["copies_dropped"] = copies
+        out["total"] = None if read is None else read + self.joined + skipped + copies
+        return out
 
     def rows_like_skipped(self, n: int = 3) -> list[dict[str, Any]]:
         """The ``n`` largest skipped files that hold record-like rows (rollouts no reader claims?)."""
