@@ -378,3 +378,22 @@ def test_one_group_gives_no_interval():
     from critic_audit.analysis.audit import _side
 
     assert _side(s.eta2_median, 0.7, strict_above=False)[1].endswith("(no interval: fewer than 2 clusters (groups / tasks))")
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_a_handful_of_clusters_is_not_enough_data(k):
+    """k < min_clusters (6) groups of 10 trajectories whose values follow the outcome: a percentile cluster
+    bootstrap over k clusters has a handful of distinct resamples (an interval end equal to the estimate),
+    so the gate says not_enough_data and no credit verdict is given (review 3: 2 x 10 gave a confident
+    token_level). Six groups are judged."""
+    groups = [f"p{g}" for g in range(k) for _ in range(10)]
+    trajs, tokens = _tables(groups)
+    s = audit(trajs, tokens, AuditConfig(n_boot=200, gate=GateConfig(n_perm=200, min_per_outcome=1))).summary
+    g = s.critic_quality.gate
+    assert g.status == "not_enough_data" and g.n_clusters == k and g.resampled == "clusters"
+    assert g.reasons == (f"the trajectories judged form {k} clusters (groups / tasks); intervals that resample "
+                         "clusters need at least 6 to say anything about other groups",)
+    assert s.recommendation.verdict == "not_enough_data" and not s.recommendation.confident
+    six = audit(*_tables([f"p{g}" for g in range(6) for _ in range(10)]),
+                AuditConfig(n_boot=200, gate=GateConfig(n_perm=200, min_per_outcome=1))).summary.critic_quality.gate
+    assert six.status != "not_enough_data" and six.n_clusters == 6

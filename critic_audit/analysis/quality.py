@@ -85,6 +85,11 @@ class GateConfig:
 
     Attributes:
         min_per_outcome: trajectories needed with each outcome (success / failure).
+        min_clusters: where the intervals resample clusters (groups, a task's trials), the clusters needed
+            among the trajectories judged: with fewer, a percentile cluster bootstrap has a handful of
+            distinct resamples and its interval ends sit on the estimate (its coverage falls well below 95%
+            with few clusters: Cameron, Gelbach & Miller 2008, Rev. Econ. Stat. 90:414), so the gate says
+            ``not_enough_data`` instead of judging.
         alpha: one-sided level of the permutation test of the correlation.
         min_corr: the within-stratum correlation must be at least this.
         min_explained_variance: the within-stratum explained variance must be at least this, and its
@@ -95,6 +100,7 @@ class GateConfig:
     """
 
     min_per_outcome: int = 5
+    min_clusters: int = 6
     alpha: float = 0.05
     min_corr: float = 0.1
     min_explained_variance: float = 0.05
@@ -484,7 +490,8 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> Qualit
     corr = _strata_corr(t.mean_value, t.reward, strata) if n else float("nan")
     ev = _pooled_ev(t, strata) if n else float("nan")
     gate = QualityGate(passed=False, n_trajectories=n, n_positive=n_pos, n_negative=n_neg,
-                       thresholds={k: th[k] for k in ("min_per_outcome", "alpha", "min_corr", "min_explained_variance")},
+                       thresholds={k: th[k] for k in ("min_per_outcome", "min_clusters", "alpha", "min_corr",
+                                                       "min_explained_variance")},
                        n_strata=len(strata), corr_within_stratum=Tested(estimate=_num(corr)),
                        explained_variance_within_stratum=Interval(estimate=_num(ev)))
     if n == 0:
@@ -495,6 +502,11 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> Qualit
         return dataclasses.replace(gate, status="unmeasured", reasons=(
             "the reward (or the mean value) is constant within every source and checkpoint",))
     lays = cluster_layouts(t, strata)
+    k = None if lays is None else sum(lay.n_clusters for lay in lays)
+    if k is not None and 1 < k < config.min_clusters:
+        return dataclasses.replace(gate, status="not_enough_data", resampled="clusters", n_clusters=k, reasons=(
+            f"the trajectories judged form {k} clusters (groups / tasks); intervals that resample clusters need at "
+            f"least {config.min_clusters} to say anything about other groups",))
     p = _permutation_p(t, strata, corr, config.n_perm, rng, lays)
     bc, be = _bootstrap(t, strata, config.n_boot, rng, lays)
     unit = {"resampled": "trajectories"} if lays is None else {
