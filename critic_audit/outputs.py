@@ -300,12 +300,13 @@ def check_owned_file(path: str | Path, *, kind: str, overwrite: bool = False, op
     A missing path is fine; an existing one only when it carries the tool's Parquet mark of that
     ``kind`` (a file of another kind, e.g. an audit folder's own ``trajectories.parquet``, only with
     ``overwrite``), or ``overwrite``. What the command reads is never replaced: see
-    :func:`refuse_input_clash`.
+    :func:`refuse_input_clash`. A path inside a folder critic-audit wrote (one with its manifest, e.g. an
+    audit folder) is refused: ``analyze --out FOLDER --overwrite`` replaces that folder whole.
 
     Raises:
         ConfigError: ``path`` is a folder, does not end in ``.parquet``, is ``/`` or another path :func:`check_out_path` refuses,
-            cannot be created (:func:`check_writable`), or is a file critic-audit did not write (fix: another
-            path, or ``overwrite``).
+            cannot be created (:func:`check_writable`), is inside a folder critic-audit wrote, or is a file
+            critic-audit did not write (fix: another path, or ``overwrite``).
     """
     return _owned_target(path, kind, overwrite, option)[0]
 
@@ -323,6 +324,10 @@ def _owned_target(path: str | Path, kind: str, overwrite: bool, option: str) -> 
                               ".write_csv(...) converts it to CSV)")
     check_writable(p, option=option)  # before the work: a parent that is a file, a read-only folder
     m = read_manifest(p.parent)
+    if m is not None:  # analyze --out FOLDER --overwrite replaces that folder whole: the file would go with it
+        raise ConfigError(f"{option} {raw} is inside {p.parent}, a folder critic-audit wrote (its {MANIFEST}), "
+                          "which a later analyze --overwrite replaces whole", fix=f"pass a path outside {p.parent}, "
+                          f"e.g. {option} {p.parent.parent / p.name}")
     if p.exists() and not (overwrite or _parquet_kind(p) == kind):  # an audit's own tables are another kind
         raise ConfigError(f"{option} {raw} exists and is not a file critic-audit wrote, so it is not replaced "
                           "without --overwrite", fix=f"pass another path, or --overwrite to replace {p.name}")
@@ -333,20 +338,17 @@ def write_owned_parquet(df: Any, path: str | Path, *, kind: str, overwrite: bool
                         option: str = "--out") -> Path:
     """Write the polars DataFrame ``df`` to the Parquet file ``path`` atomically, marked as critic-audit's
     (key-value metadata ``critic_audit.kind = kind``), never over a file the tool did not write
-    (:func:`check_owned_file`). The file is then listed in the manifest of the folder it is in (if that
-    folder has one), so a later ``analyze --out`` on the folder counts it as the tool's.
+    (:func:`check_owned_file`; never inside a folder critic-audit wrote).
 
     Raises:
         ConfigError: as :func:`check_owned_file`.
     """
     import pyarrow.parquet as pq
 
-    p, m = _owned_target(path, kind, overwrite, option)
+    p = _owned_target(path, kind, overwrite, option)[0]
     table = df.to_arrow()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), OWNED_KEY: kind.encode()})
     atomic_write(p, lambda tmp: pq.write_table(table, tmp))
-    if m is not None and p.name not in m.get("files", []):
-        _save_manifest(p.parent, {**m, "files": sorted({*m.get("files", []), p.name})})
     return p
 
 

@@ -422,10 +422,20 @@ def test_cli_out_never_replaces_a_file_it_did_not_write(tmp_path):
         assert _run(folder, "--out", ours, "--bootstrap", 20).exit_code == 0
     res = _run(folder, "--out", other, "--overwrite", "--bootstrap", 20)
     assert res.exit_code == 0 and "abs_z" in pl.read_parquet(other).columns
-    # written into an analyze folder: listed in its manifest, so that folder stays the tool's
+    # inside a folder critic-audit wrote (an audit folder, this one or another): refused before the work,
+    # since analyze --out FOLDER --overwrite replaces that folder whole (review 3 new #2)
     write_manifest(folder, "audit")
-    assert _run(folder, "--out", folder / "turn_scores.parquet", "--bootstrap", 20).exit_code == 0
-    assert "turn_scores.parquet" in json.loads((folder / MANIFEST).read_text())["files"]
+    before = json.loads((folder / MANIFEST).read_text())
+    other_audit = write_folder(tmp_path / "audit2", traj, tok)
+    write_manifest(other_audit, "audit")
+    for target in (folder / "turn_scores.parquet", other_audit / "mon.parquet"):
+        _assert_one_line_error(_run(folder, "--out", target, "--bootstrap", 20), "a folder critic-audit wrote",
+                               "replaces whole", f"pass a path outside {target.parent}")
+        assert not target.exists()
+    assert json.loads((folder / MANIFEST).read_text()) == before
+    # beside the audit folder it is fine
+    assert _run(folder, "--out", tmp_path / "mon.parquet", "--bootstrap", 20).exit_code == 0
+    assert pl.read_parquet(tmp_path / "mon.parquet").height > 0
 
 
 def test_auroc_withheld_below_the_minimum_per_class(tmp_path):
