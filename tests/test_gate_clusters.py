@@ -365,16 +365,17 @@ def test_fit_critics_held_out_gate_resamples_groups():
 
 def test_one_group_gives_no_interval():
     """16 samples of one prompt: resampling the one cluster is always the same sample, so no interval is
-    given (median eta2: none, and a verdict is not confident; the gate: no EV interval, so it fails)."""
+    given (median eta2: none, and a verdict is not confident; the gate: not_enough_data, fewer than 6 clusters)."""
     trajs, tokens = _tables(["p0"] * 16)
     trajs = trajs.with_columns(reward=pl.Series([float(i % 2) for i in range(16)]),
                                success=pl.Series([bool(i % 2) for i in range(16)]))
     s = audit(trajs, tokens, AuditConfig(n_boot=200, gate=GateConfig(n_perm=200))).summary
     assert s.eta2_median.n_clusters == 1 and s.eta2_median.ci95 is None
     g = s.critic_quality.gate
-    assert g.resampled == "clusters" and g.n_clusters == 1 and g.status == "failed"
+    assert g.resampled == "clusters" and g.n_clusters == 1 and g.status == "not_enough_data"
     assert g.explained_variance_within_stratum.ci95 is None and g.corr_within_stratum.ci95 is None
-    assert any("form one cluster" in r for r in g.reasons)
+    assert g.reasons == ("the trajectories judged form 1 cluster (groups / tasks); intervals that resample "
+                         "clusters need at least 6 to say anything about other groups",)
     from critic_audit.analysis.audit import _side
 
     assert _side(s.eta2_median, 0.7, strict_above=False)[1].endswith("(no interval: fewer than 2 clusters (groups / tasks))")
@@ -397,3 +398,16 @@ def test_a_handful_of_clusters_is_not_enough_data(k):
     six = audit(*_tables([f"p{g}" for g in range(6) for _ in range(10)]),
                 AuditConfig(n_boot=200, gate=GateConfig(n_perm=200, min_per_outcome=1))).summary.critic_quality.gate
     assert six.status != "not_enough_data" and six.n_clusters == 6
+
+
+def test_clusters_of_all_different_sizes_are_not_enough_data():
+    """Rewards shared within tasks of 2..13 trials (every size different): the block permutation test can
+    swap no cluster, so its p is 1 whatever the critic; the gate says not_enough_data (diff review #1), not
+    critic_too_weak. The same number of tasks, 4 trials each, is judged (and passes: values follow the outcome)."""
+    uneven = [f"t{k}" for k in range(12) for _ in range(k + 2)]
+    g = audit(*_tables(uneven), AuditConfig(n_boot=200, gate=GateConfig(n_perm=200))).summary.critic_quality.gate
+    assert g.status == "not_enough_data" and g.n_clusters == 12
+    assert g.reasons[0].startswith("only 0 of the 12 clusters (groups / tasks) share their size with another")
+    even = [f"t{k}" for k in range(12) for _ in range(4)]
+    g4 = audit(*_tables(even), AuditConfig(n_boot=200, gate=GateConfig(n_perm=200))).summary.critic_quality.gate
+    assert g4.status == "passed" and g4.n_clusters == 12

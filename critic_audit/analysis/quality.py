@@ -502,11 +502,11 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> Qualit
         return dataclasses.replace(gate, status="unmeasured", reasons=(
             "the reward (or the mean value) is constant within every source and checkpoint",))
     lays = cluster_layouts(t, strata)
-    k = None if lays is None else sum(lay.n_clusters for lay in lays)
-    if k is not None and 1 < k < config.min_clusters:
-        return dataclasses.replace(gate, status="not_enough_data", resampled="clusters", n_clusters=k, reasons=(
-            f"the trajectories judged form {k} clusters (groups / tasks); intervals that resample clusters need at "
-            f"least {config.min_clusters} to say anything about other groups",))
+    if lays is not None:
+        few = _too_few_clusters(lays, config.min_clusters)
+        if few:
+            return dataclasses.replace(gate, status="not_enough_data", resampled="clusters",
+                                       n_clusters=sum(lay.n_clusters for lay in lays), reasons=(few,))
     p = _permutation_p(t, strata, corr, config.n_perm, rng, lays)
     bc, be = _bootstrap(t, strata, config.n_boot, rng, lays)
     unit = {"resampled": "trajectories"} if lays is None else {
@@ -539,6 +539,28 @@ def quality_gate(t: TrajectorySums, config: GateConfig = GateConfig()) -> Qualit
                                reasons=tuple(reasons), **unit,
                                corr_within_stratum=Tested(estimate=_num(corr), ci95=ci(bc), p_value=_num(p)),
                                explained_variance_within_stratum=Interval(estimate=_num(ev), ci95=ev_ci))
+
+
+def _too_few_clusters(lays: list[ClusterLayout], min_clusters: int) -> str | None:
+    """Why clustered trajectories cannot be judged, or None: fewer than ``min_clusters`` clusters (the
+    cluster bootstrap's interval ends sit on the estimate), or fewer than ``min_clusters`` clusters that
+    share their size with another cluster of their stratum (the block permutation test swaps only
+    clusters of equal size, so with rewards shared within clusters and every size different it cannot
+    reach a small p, whatever the critic: a p-value of 1 would read as a weak critic)."""
+    k = sum(lay.n_clusters for lay in lays)
+    if k < min_clusters:
+        return (f"the trajectories judged form {k} cluster{'s' if k != 1 else ''} (groups / tasks); intervals that "
+                f"resample clusters need at least {min_clusters} to say anything about other groups")
+    movable = 0
+    for lay in lays:
+        _, inv, counts = np.unique(lay.lens, return_inverse=True, return_counts=True)
+        movable += int(np.sum(counts[inv] >= 2))
+    if movable < min_clusters:
+        return (f"only {movable} of the {k} clusters (groups / tasks) share their size with another cluster of "
+                f"their source and checkpoint; the permutation test swaps whole clusters of equal size, so it needs "
+                f"at least {min_clusters} such clusters (audit groups of equal size, e.g. the same number of "
+                "samples per prompt)")
+    return None
 
 
 def _too_few(t: TrajectorySums, n_pos: int, n_neg: int, config: GateConfig) -> str:
