@@ -330,7 +330,7 @@ def test_padded_rows_are_read_column_wise_as_the_row_reader_reads_them(tmp_path,
     assert check_rollouts([p]).n_trajectories == check_rollouts([js]).n_trajectories == 6
 
 
-@pytest.mark.parametrize("case", ["plain", "late_key", "spaced_key", "late_float", "escaped_quote"])
+@pytest.mark.parametrize("case", ["plain", "late_key", "spaced_key", "late_float", "escaped_quote", "missing_and_late_key"])
 def test_jsonl_schema_from_the_first_lines_only_when_no_later_line_has_another_key(tmp_path, monkeypatch, case):
     """A JSONL file of 130 rows: polars infers the schema from the first 100 lines only when the keys of
     the file total 130 x the columns found there (one parse, ``plain``); a key that only line 121 holds
@@ -344,8 +344,10 @@ def test_jsonl_schema_from_the_first_lines_only_when_no_later_line_has_another_k
     rows = _table("scalar_reward", n=130).to_pylist()
     for r in rows:
         r["step"], r["note"] = 3, "x"
-    if case == "late_key":
+    if case in ("late_key", "missing_and_late_key"):
         rows[120]["late"] = "only here"
+    if case == "missing_and_late_key":  # lines x columns stays 130 x the first lines' columns (diff review #4)
+        del rows[5]["note"]
     elif case == "late_float":
         rows[120]["step"] = 2.5
     elif case == "escaped_quote":
@@ -363,8 +365,9 @@ def test_jsonl_schema_from_the_first_lines_only_when_no_later_line_has_another_k
     got = list(iter_tokenized(jl, report=rep))
     _same_sequences(got, list(iter_tokenized(js)))
     assert inferred == ([100] if case == "plain" else [100, None])
-    assert rep.rows_read == ({"row_by_row": 130} if case == "late_key" else {"columnar": 130})
-    if case == "late_key":
+    late = case in ("late_key", "missing_and_late_key")
+    assert rep.rows_read == ({"row_by_row": 130} if late else {"columnar": 130})
+    if late:
         assert got[120].metadata["late"] == "only here" and "late" not in got[119].metadata
 
 

@@ -758,8 +758,11 @@ _INFER_LINES = 100
 def _ndjson_table(data: bytes, lines: int) -> Any:
     """polars' Arrow table of the JSONL piece ``data`` (``lines`` lines, one object each). The schema
     comes from the first :data:`_INFER_LINES` lines when the keys of ``data`` (:func:`_key_count`)
-    total ``lines`` x the columns found there: a key that only later lines hold would be dropped
-    without a word, and a line missing a key reads as a null, which the caller refuses. Otherwise (or
+    total the non-null entries of the table read that way. Every non-null entry is a top-level key of
+    its line, so the key count is never lower, and equal only when no key was left out: a key that only
+    later lines hold (dropped without a word by a 100-line schema, even where a line missing another
+    key keeps lines x columns equal), a key inside a nested object or an explicit null makes it higher
+    and takes the path below. Otherwise (or
     when a later line does not fit the first lines' types, as an integer column turning float) from
     every line, as before: a second parse of the piece, about as long as the read itself.
 
@@ -774,7 +777,7 @@ def _ndjson_table(data: bytes, lines: int) -> Any:
             raise
         except BaseException:  # noqa: BLE001 - a later line's type differs: every line's schema decides
             table = None
-        if table is not None and _key_count(data) == lines * table.width:
+        if table is not None and _key_count(data) == lines * table.width - int(table.null_count().sum_horizontal()[0]):
             return table.to_arrow()
     return pl.read_ndjson(io.BytesIO(data), infer_schema_length=None).to_arrow()
 
