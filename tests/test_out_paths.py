@@ -68,10 +68,11 @@ def test_monitor_never_replaces_a_file_of_the_audit_it_reads(audit):
     _one_line_error(_run("monitor", audit, "--out", other, "--bootstrap", 20), "not replaced without --overwrite")
     assert other.read_bytes() == before["trajectories.parquet"]
     assert _run("monitor", audit, "--out", other, "--overwrite", "--bootstrap", 20).exit_code == 0
-    # a new file inside the audit folder is fine (nothing of the audit is replaced)
+    # a new file inside the audit folder is refused too: analyze --out AUDIT --overwrite would delete it
+    # (review 3 new #2)
     new = audit / "turn_scores.parquet"
-    assert _run("monitor", audit, "--out", new, "--bootstrap", 20).exit_code == 0 and new.is_file()
-    new.unlink()
+    _one_line_error(_run("monitor", audit, "--out", new, "--bootstrap", 20), "a folder critic-audit wrote")
+    assert not new.exists() and _snapshot(audit) == before
     assert _run("plot", audit).exit_code == 0  # the folder still reads
 
 
@@ -165,9 +166,11 @@ def test_out_errors_name_the_real_cause(tmp_path):
     exists)", and an empty --out "'.' is the current folder"."""
     chat = _chat(tmp_path / "chat.jsonl")
     if Path("/proc").is_dir():
+        # review 3 new #8: the OS's reason, and no chmod advice when the cause is not permissions
         line = _one_line_error(_run("analyze", chat, "--out", "/proc/critic_audit_xyz"),
-                               "cannot write to /proc/critic_audit_xyz")
-        assert "in use" not in line
+                               "cannot create /proc/critic_audit_xyz: the system refuses a new file in /proc (",
+                               "(fix: pass another --out")
+        assert "in use" not in line and "chmod" not in line and "does not let it be made" not in line
     _one_line_error(_run("analyze", chat, "--out", chat / "x"),
                     f"cannot create {chat / 'x'}: its parent {chat} is a file, not a folder", "(fix: pass another --out")
     # (exit 1, as every refused output path)
@@ -228,7 +231,8 @@ def test_file_outputs_are_checked_before_the_work(tmp_path, audit):
     if Path("/proc").is_dir():
         for args in (("monitor", audit, "--out", "/proc/x.parquet", "--bootstrap", 20),
                      ("check", chat, "--out", "/proc/r.json"), ("fit-critic", chat, "--out", "/proc/c")):
-            _one_line_error(_run(*args), "cannot write to /proc/", "(its folder /proc does not let it be made)")
+            line = _one_line_error(_run(*args), "cannot create /proc/", "the system refuses a new file in /proc")
+            assert "chmod" not in line
     full = tmp_path / "full"
     full.mkdir()
     (full / "mine.txt").write_text("mine")
