@@ -35,6 +35,7 @@ and the fix.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -498,8 +499,10 @@ def check_writable(out: str | Path, *, option: str = "--out") -> None:
     ``out`` cannot be made. A file is created and removed to find out (permissions, a read-only mount).
 
     Raises:
-        ConfigError: ``cannot write to OUT: <reason>``, or ``cannot create OUT: its parent P is a file,
-            not a folder``, with the fix.
+        ConfigError: ``cannot write to OUT: <reason>`` when permissions forbid it (fix: chmod, or another
+            path); ``cannot create OUT: the system refuses a new file in P (<reason>)`` for any other cause
+            (a read-only mount, ``/proc``; fix: another path); or ``cannot create OUT: its parent P is a
+            file, not a folder``.
     """
     out = Path(out)
     where = next((a for a in (out, *out.parents) if a.exists()), None)
@@ -513,9 +516,14 @@ def check_writable(out: str | Path, *, option: str = "--out") -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        what = "" if where == out else f" (its folder {where} does not let it be made)"
-        raise ConfigError(f"cannot write to {out}{what}: {e.strerror or e}", path=None,
-                          fix=f"make it writable (e.g. chmod u+w {where}) or pass another {option}") from None
+        reason = e.strerror or str(e)
+        if e.errno in (errno.EACCES, errno.EPERM):  # permissions: chmod helps
+            what = "" if where == out else f" (its folder {where} does not let it be made)"
+            raise ConfigError(f"cannot write to {out}{what}: {reason}", path=None,
+                              fix=f"make it writable (e.g. chmod u+w {where}) or pass another {option}") from None
+        # not permissions (a read-only mount, /proc's "No such file or directory"): no chmod advice
+        raise ConfigError(f"cannot create {out}: the system refuses a new file in {where} ({reason})", path=None,
+                          fix=f"pass another {option}, in a folder where files can be made") from None
 
 
 def refuse_input_clash(out: str | Path, inputs: Sequence[str | Path], *, option: str = "--out",
