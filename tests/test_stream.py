@@ -186,6 +186,37 @@ def test_step_bins_looked_up_equal_the_log10_formula():
     assert (h.counts == want).all() and h.n.tolist() == [0, v.size - 1]
 
 
+def _formula_counts(h, v: np.ndarray) -> np.ndarray:
+    """The within-turn counts of the steps of ``v`` binned by the formula itself, step by step."""
+    want = np.zeros_like(h.counts)
+    for x in np.abs(np.diff(v)).tolist():
+        k = 0 if x == 0 else min(max(math.floor((math.log10(x) - h.LO) * h.PER_DECADE), -1), h.EDGES.size - 3) + 2
+        want[1, k] += 1
+    return want
+
+
+def test_step_bins_of_two_layouts_in_one_process_each_equal_the_formula():
+    """The looked-up bin table belongs to one bin layout: a histogram with other settings (other LO,
+    PER_DECADE, number of bins) used after the default one, and the default one again after it, each
+    get the formula's bins (a table kept from the first call would give the second one wrong bins)."""
+    from critic_audit.analysis.stream import StepHistogram
+
+    class Coarse(StepHistogram):
+        LO, HI, PER_DECADE = -6, 6, 7
+        EDGES = np.concatenate([[0.0], 10.0 ** (LO + np.arange((HI - LO) * PER_DECADE + 1) / PER_DECADE), [np.inf]])
+
+    rng = np.random.default_rng(5)
+    d = np.concatenate([np.abs(rng.standard_cauchy(5000)) * 10.0 ** rng.integers(-9, 9, 5000), [0.0, 1e-7, 1e7]])
+    v = np.zeros(2 * d.size)
+    v[1::2] = d
+    z = np.zeros(v.size, np.int64)
+    for cls in (StepHistogram, Coarse, StepHistogram, Coarse):
+        h = cls()
+        h.add_consecutive(z, z, v, np.ones(1, bool))
+        assert h.counts.shape[1] == cls.EDGES.size
+        assert (h.counts == _formula_counts(h, v)).all() and h.n.tolist() == [0, v.size - 1]
+
+
 def test_runs_of_dictionary_chunks_cross_chunks_and_dictionaries():
     """The ids of a whole file come as one dictionary chunk per row group, each with its own
     dictionary: a run that crosses chunks, or whose string has another index in the next chunk, is one

@@ -196,7 +196,7 @@ def _steps_kernel() -> Any:
     A step's bin is ``floor((log10(d) - LO) * PER_DECADE)`` (clipped), as :meth:`StepHistogram.add`
     computes it; ``log10`` cost most of the pass (15 ns a step), so the bin is looked up instead:
     ``d = m * 2**e`` falls in the cell ``(e, m's top bits)`` (read from its float64 bits), and a table
-    built once holds the bin of every cell that no bin edge comes near (the formula evaluated at the
+    built once per bin layout holds the bin of every cell that no bin edge comes near (the formula evaluated at the
     cell's ends widened by 1e-13 relative, hundreds of float64 steps: the same bin for every ``d`` in
     it, whatever the last bits of ``log10``); the cells an edge crosses (about 3 in 100), zeros and
     values outside the table's range are computed with ``log10`` as before. The same bins, bit for
@@ -251,14 +251,18 @@ def _steps_kernel() -> Any:
             total[kind] += d
 
     def run(traj, turn, v, incl, lo, per, nbins, counts, n, total):
-        if not _CELLS:
-            _CELLS.append(cells(lo, per, nbins, _CELL_E0, _CELL_E1, _CELL_BITS))
-        steps(traj, turn, v, incl, lo, per, nbins, counts, n, total, _CELLS[0], _CELL_E0, _CELL_E1, _CELL_BITS)
+        key = (float(lo), float(per), int(nbins))  # the table holds the bins of these settings only
+        table = _CELLS.get(key)
+        if table is None:
+            table = _CELLS[key] = cells(lo, per, nbins, _CELL_E0, _CELL_E1, _CELL_BITS)
+        steps(traj, turn, v, incl, lo, per, nbins, counts, n, total, table, _CELL_E0, _CELL_E1, _CELL_BITS)
 
     return run
 
 
-_CELLS: list[np.ndarray] = []  # the bin table of _steps_kernel (93k cells), built on first use (a few ms)
+#: the bin tables of _steps_kernel (93k cells each), one per histogram layout ``(LO, PER_DECADE, bins)``,
+#: each built on first use (a few ms)
+_CELLS: dict[tuple[float, float, int], np.ndarray] = {}
 _nb_steps = _steps_kernel()
 
 
