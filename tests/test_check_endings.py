@@ -211,6 +211,24 @@ def test_response_cap_cut(tmp_path):
                                                    "cut_unflagged": 1, "cut_unflagged_multi_turn": 0, "over_cap": 2}
 
 
+def test_a_stop_token_ends_strictly_more_than_half_of_the_turns():
+    """review 3 #10: "most" policy turns is strictly more than half; an id ending exactly 50% is no stop
+    token (response_cap_cut and truncation_flag both say so); 3 of 5 (60%) is."""
+    def rows(ends):
+        return [CheckRollout(f"r{k}", token_ids=np.array([10, 11, 20, 21, e] + [22] * k),
+                             response_mask=np.array([0, 0, 1, 1, 1] + [0] * k), truncated=False)
+                for k, e in enumerate(ends)]
+
+    half = run_checks(rows([2, 2, 21, 22]))  # id 2 ends 2 of 4 turns
+    for cid in ("response_cap_cut", "truncation_flag"):
+        c = by_id(half, cid)
+        assert c.status == "skipped" and "no id ends most policy turns" in c.reason, (cid, c.reason)
+        assert "the most common, 2, ends 50% of 4" in c.reason
+    most = by_id(run_checks(rows([2, 2, 2, 21, 22])), "truncation_flag")  # 3 of 5
+    assert most.status != "skipped" and "inferred from the data: id 2" in most.summary
+    assert "60% of the 5 policy turns" in most.summary
+
+
 def _rows(spec):
     """CheckRollouts from (id, ids, mask) triples, no truncation flag."""
     return [CheckRollout(t, token_ids=np.array(i), response_mask=np.array(m)) for t, i, m in spec]
@@ -230,8 +248,10 @@ def test_response_cap_cut_needs_evidence_of_a_cap():
     c = by_id(run_checks(ev), "response_cap_cut")
     assert c.status == "warn" and c.counts["at_cap"] == 4 and c.counts["cut_unflagged"] == 3
     assert c.measured["share_at_cap_cut"] == pytest.approx(0.75) and c.measured["share_below_cap_inside_turn"] == 0.0
-    # no evidence: 3 of 4 shorter rows end on 25 too (75%, as often as at the cap): stop id 2 ends 6 of 12 turns
-    no = ev[:4] + _rows([(f"short{k}", [10, 11, 20, 21, 25 if k < 3 else 2], [0, 0, 1, 1, 1]) for k in range(4)])
+    # no evidence: 3 of 4 shorter rows (two turns, 4 response tokens) end on 25 too (75%, as often as at the
+    # cap): stop id 2 ends 5 of 8 turns at the cap + 5 of 8 shorter = 10 of 16 (more than half)
+    no = ev[:4] + _rows([(f"short{k}", [10, 11, 20, 2, 30, 31, 21, 25 if k < 3 else 2], [0, 0, 1, 1, 0, 0, 1, 1])
+                         for k in range(4)])
     c = by_id(run_checks(no), "response_cap_cut")
     assert c.status == "skipped" and "3 of 4 rows at the longest response (8 tokens) end inside a turn, against 3 " \
         "of 4 shorter rows" in c.reason

@@ -7,8 +7,8 @@ The **response** of a row runs from its first policy token to its end (verl's ``
 **trailing context** is the mask-0 tokens after its last policy token. The **stop token** ends a
 policy turn that finished on its own: the chat template's end-of-turn token and the tokenizer's EOS
 (``--tokenizer``), or, without one, inferred from the data as the token that ends most policy turns
-(at least :data:`STOP_SHARE` of them; the report says it was inferred). Every per-row figure is taken
-over the whole batch at once from the flat columns; only the examples are built one by one.
+(more than :data:`STOP_SHARE` of them: exactly half is not most; the report says it was inferred).
+Every per-row figure is taken over the whole batch at once from the flat columns; only the examples are built one by one.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _ids_at(rollouts: Sequence[CheckRollout], offsets: np.ndarray, q: np.ndarray
 
 def _stop_tokens(ctx: CheckContext, last_ids: np.ndarray) -> tuple[frozenset[int], str]:
     """The stop token ids and where they come from: the template's end-of-turn token and the EOS
-    (``--tokenizer``), else the id that ends at least :data:`STOP_SHARE` of the policy turns
+    (``--tokenizer``), else the id that ends more than :data:`STOP_SHARE` of the policy turns
     ``last_ids`` (the last id of every turn of the own rows)."""
     tok = ctx.tokenizer
     if tok is not None and ctx.mismatch is None:
@@ -130,7 +130,7 @@ def _stop_tokens(ctx: CheckContext, last_ids: np.ndarray) -> tuple[frozenset[int
     vals, counts = np.unique(last_ids, return_counts=True)
     j = int(np.argmax(counts))
     pct = 100.0 * counts[j] / last_ids.size
-    if counts[j] < 2 or counts[j] < STOP_SHARE * last_ids.size:
+    if counts[j] < 2 or counts[j] <= STOP_SHARE * last_ids.size:  # most: strictly more than half
         return frozenset(), (f"no stop token: pass --tokenizer (no id ends most policy turns; the most common, "
                              f"{int(vals[j])}, ends {pct:.0f}% of {last_ids.size})")
     return frozenset({int(vals[j])}), (f"inferred from the data: id {int(vals[j])} ({ctx.decode(int(vals[j]))}) ends "
@@ -432,10 +432,10 @@ def check_unanswered_tool_call(rollouts: Sequence[CheckRollout], ctx: CheckConte
 
 
 def _cap_evidence(at_share: float | None, below_share: float | None) -> bool:
-    """An inferred cap cuts rows: at least :data:`STOP_SHARE` of the rows at the longest response end
+    """An inferred cap cuts rows: more than :data:`STOP_SHARE` of the rows at the longest response end
     inside a turn (no stop token), more often than the shorter rows do (ending without the stop token
     is then tied to the length, not to how this run's turns end)."""
-    return at_share is not None and at_share >= STOP_SHARE and (below_share is None or at_share > below_share)
+    return at_share is not None and at_share > STOP_SHARE and (below_share is None or at_share > below_share)
 
 
 def check_response_cap_cut(rollouts: Sequence[CheckRollout], ctx: CheckContext) -> CheckOutcome:
