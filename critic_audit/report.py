@@ -362,11 +362,15 @@ def _interval_note(s: AuditSummary) -> str:
     if k is None:
         return ("Intervals: eta2 median by a seeded percentile bootstrap over trajectories; fractions by the Wilson "
                 "score interval.")
-    deff = s.frac_ss_between_gt_within.design_effect if s.frac_ss_between_gt_within else None
+    fa = s.frac_ss_between_gt_within
+    deff = fa.design_effect if fa else None
+    wide = (f"; (a)'s interval is widened to the one all-agreeing data would give at {fa.widened_to_n_effective:.3g}"
+            " effective trajectories (n^2 / sum of squared cluster sizes), as the design effect alone would be "
+            "surer than that" if fa and fa.widened and fa.widened_to_n_effective is not None else "")
     return (f"Intervals: eta2 median by a seeded percentile bootstrap over {k} clusters (whole groups / tasks "
             "within source and checkpoint: their trajectories are not independent); fractions by the Wilson score "
             "interval at the effective sample size n / design effect"
-            + (f" ({deff:.2f} for (a))" if deff is not None else "") + ".")
+            + (f" ({deff:.2f} for (a))" if deff is not None else "") + wide + ".")
 
 
 def _breakdown_lines(s: AuditSummary, min_n: int) -> list[str]:

@@ -188,7 +188,10 @@ class Tested(Interval):
 class Fraction(Part):
     """A share of trajectories: ``k`` of ``n``, with its Wilson 95 % interval. With clusters (groups /
     tasks holding several trajectories) the interval is Wilson's at the effective sample size
-    ``n_effective = n / design_effect`` (both keys then present; absent: independent trajectories)."""
+    ``n_effective = n / design_effect`` (both keys then present; absent: independent trajectories).
+    ``widened`` (with clusters): the interval was widened to the one all-agreeing data would give at
+    ``widened_to_n_effective = n^2 / sum_c n_c^2`` trajectories (present only then), so it is not Wilson's at
+    ``n_effective``."""
 
     estimate: float | None = None
     ci95: tuple[float, float] | None = None
@@ -196,7 +199,9 @@ class Fraction(Part):
     n: int = 0
     design_effect: float | None = None
     n_effective: float | None = None
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("design_effect", "n_effective")
+    widened: bool | None = None
+    widened_to_n_effective: float | None = None
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("design_effect", "n_effective", "widened", "widened_to_n_effective")
 
 
 @dataclasses.dataclass(frozen=True)

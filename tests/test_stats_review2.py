@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from critic_audit.analysis.audit import AuditConfig, audit
 from critic_audit.analysis.clusters import design_effect, max_design_effect
 from critic_audit.analysis.quality import GateConfig, wilson_interval
+from critic_audit.report import report_markdown
+from critic_audit.summary import AuditSummary
 
 Z = 1.959963984540054
 
@@ -80,6 +82,8 @@ def test_agreeing_clusters_make_the_verdict_inconclusive():
     for f in (s.frac_ss_between_gt_within, s.frac_var_turn_means_gt_mean_within_var, s.frac_f_gt_1):
         assert (f.k, f.n, f.design_effect, f.n_effective) == (28, 28, 4.0, 7.0)
         assert f.ci95[0] == pytest.approx(7 / (7 + Z * Z), rel=1e-9)
+        assert f.widened is False and f.widened_to_n_effective is None  # Wilson's at n_eff 7 already
+    assert "widened" not in report_markdown(s, [])
     rec = s.recommendation
     assert rec.verdict == "inconclusive" and not rec.confident and rec.leans == "turn_level"
     # the same trajectories without groups: 28 independent draws, Wilson low end 28 / (28 + z^2) > 0.7
@@ -366,6 +370,14 @@ def test_one_disagreeing_trajectory_makes_no_side_surer_than_none():
     assert raw[0] > 0.8  # what the estimate alone would claim
     assert f.ci95 == pytest.approx((7 / (7 + Z * Z), raw[1]), rel=1e-12)
     assert s.recommendation.verdict == "inconclusive"
+    # review 3 new #5: the widening is recorded (to n_eff 28^2 / (7 x 4^2) = 7) and the report says so
+    assert f.widened is True and f.widened_to_n_effective == pytest.approx(7.0, rel=1e-12)
+    d = s.to_dict()["frac_ss_between_gt_within"]
+    assert d["widened"] is True and d["widened_to_n_effective"] == pytest.approx(7.0)
+    assert AuditSummary.from_json(s.to_json()).frac_ss_between_gt_within.widened_to_n_effective == pytest.approx(7.0)
+    md = report_markdown(s, [])
+    assert "design effect (1.04 for (a)); (a)'s interval is widened to the one all-agreeing data would give at 7 " \
+           "effective trajectories" in md
 
 
 @settings(max_examples=100, deadline=None)
@@ -388,3 +400,5 @@ def test_fraction_interval_envelope(clusters, seed):
     m = n * n / sum(x * x for x in sizes)
     assert f.ci95[0] == pytest.approx(min(raw[0], wilson_interval(m, m)[0]), rel=1e-12)
     assert f.ci95[1] == pytest.approx(max(raw[1], wilson_interval(0, m)[1]), rel=1e-12)
+    wide = f.ci95[0] < raw[0] or f.ci95[1] > raw[1]
+    assert f.widened is wide and f.widened_to_n_effective == (pytest.approx(m, rel=1e-12) if wide else None)

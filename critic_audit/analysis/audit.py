@@ -194,7 +194,9 @@ def _frac_entry(flags: pl.Series, clusters: np.ndarray | None = None) -> Fractio
     effective sample size ``n / deff`` (:func:`critic_audit.analysis.clusters.design_effect`), widened where
     needed to reach the interval of ``n`` of ``n`` (low end) and of 0 of ``n`` (high end) at the effective n
     of agreeing trajectories (``n^2 / sum n_c^2``): one disagreeing trajectory cannot make a side surer than
-    none would (its design effect, estimated from that one trajectory, is near 1)."""
+    none would (its design effect, estimated from that one trajectory, is near 1). The entry then says so:
+    ``widened`` True and ``widened_to_n_effective`` that n (``design_effect`` / ``n_effective`` stay the
+    estimate's, which the interval no longer rests on)."""
     keep = flags.is_not_null().to_numpy()
     f = flags.drop_nulls().cast(pl.Boolean)
     n, k = f.len(), int(f.sum()) if f.len() else 0
@@ -202,12 +204,13 @@ def _frac_entry(flags: pl.Series, clusters: np.ndarray | None = None) -> Fractio
         ci = wilson_interval(k, n)
         return Fraction(estimate=k / n if n else None, ci95=tuple(ci) if ci else None, k=k, n=n)
     deff = design_effect(f.to_numpy(), clusters[keep])
-    ci = wilson_interval(k / deff, n / deff)
+    raw = ci = wilson_interval(k / deff, n / deff)
+    m = n / max_design_effect(ClusterLayout(clusters[keep]).lens)
     if ci is not None:  # never surer of a side than data that all agree would make it (docs/audit.md)
-        m = n / max_design_effect(ClusterLayout(clusters[keep]).lens)
         ci = (min(ci[0], wilson_interval(m, m)[0]), max(ci[1], wilson_interval(0, m)[1]))
+    widened = ci is not None and tuple(ci) != tuple(raw)
     return Fraction(estimate=k / n, ci95=tuple(ci) if ci else None, k=k, n=n, design_effect=deff,
-                    n_effective=n / deff)
+                    n_effective=n / deff, widened=widened, widened_to_n_effective=m if widened else None)
 
 
 def _num(x: Any) -> Any:
