@@ -178,8 +178,6 @@ def _stream_rows(part: StreamPart, stream: AuditStream, options: ReadOptions, re
     token), from which the value traces are taken once the traced trajectories are known
     (:func:`_spilled_traces`), and with ``keep`` its canonical token rows to the Parquet file ``keep``
     (``--keep-tokens``): the rows are read and converted once."""
-    import contextlib
-
     import pyarrow.ipc as ipc
     import pyarrow.parquet as pq
 
