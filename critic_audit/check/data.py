@@ -465,7 +465,7 @@ def load_rollouts(
         InputError: a file cannot be read, a bad record (strict mode), or ids repeat across inputs.
         TemplateError: the tokenizer's chat template cannot render the conversations.
     """
-    from critic_audit.io.detect import apply_id_policy
+    from critic_audit.io.detect import kept_after_id_policy
     from critic_audit.io.inputs import read_all, token_files
     from critic_audit.turns import TokenizeConfig
 
@@ -485,11 +485,11 @@ def load_rollouts(
         table_specs += [tf.spec] * len(got)
     convs = read.conversations or []
     # one id policy with analyze (io.detect.apply_id_policy): ids / groups found in several files qualified
-    gone = set(apply_id_policy([*convs, *table_rollouts], [*read.conversation_files, *table_specs], rep,
-                               lenient=ropts.lenient))
-    if gone:  # --lenient: a rollout repeated in another file (same id and content) is checked once
-        convs = [c for i, c in enumerate(convs) if i not in gone]
-        table_rollouts = [r for i, r in enumerate(table_rollouts, len(read.conversations or [])) if i not in gone]
+    # --lenient: a rollout repeated in another file (same id and content) is checked once
+    kept = {id(x) for x in kept_after_id_policy([*convs, *table_rollouts], [*read.conversation_files, *table_specs],
+                                                rep, lenient=ropts.lenient)}
+    convs = [c for c in convs if id(c) in kept]
+    table_rollouts = [r for r in table_rollouts if id(r) in kept]
     out: list[CheckRollout] = []
     if convs:
         out += _from_conversations(convs, tokenizer, tokenize_config or TokenizeConfig(), ropts, rep)

@@ -42,7 +42,7 @@ from critic_audit.schema import Conversation
 from critic_audit.summary import is_summary
 
 __all__ = ["format_readers", "FileSpec", "ResolvedInput", "resolve_inputs", "detect_file", "detect_format", "read_conversations",
-           "iter_conversations", "qualify_ids", "apply_id_policy", "holds_rows", "claims_of", "claimants", "file_qualified", "group_scope", "CONVERSATION_FORMATS", "TABLE_FORMATS", "is_table_format"]
+           "iter_conversations", "qualify_ids", "apply_id_policy", "kept_after_id_policy", "holds_rows", "claims_of", "claimants", "file_qualified", "group_scope", "CONVERSATION_FORMATS", "TABLE_FORMATS", "is_table_format"]
 
 #: ``mixed``: an input whose files hold different conversation formats (each file read with its own).
 CONVERSATION_FORMATS = (*(n for n, f in FORMATS.items() if f.kind == "conversations"), "mixed")
@@ -872,6 +872,18 @@ def apply_id_policy(items: Sequence[Any], specs: Sequence[FileSpec], report: Rea
     return drop
 
 
+def kept_after_id_policy(items: Sequence[Any], specs: Sequence[FileSpec], report: ReadReport | None = None, *,
+                         lenient: bool = False) -> list[Any]:
+    """:func:`apply_id_policy` on ``items`` (ids qualified in place), then the items it keeps, in their
+    order: the copies it drops (``lenient``) left out, the others the same objects.
+
+    Raises:
+        InputError: as :func:`apply_id_policy`.
+    """
+    gone = set(apply_id_policy(items, specs, report, lenient=lenient))
+    return [x for i, x in enumerate(items) if i not in gone] if gone else list(items)
+
+
 def qualify_ids(convs: list[Conversation], labels: list[str]) -> int:
     """Qualify every trajectory id found in more than one file as ``{label}/{id}`` (``labels[i]``:
     the file label of ``convs[i]``), keeping the file's own id in ``metadata['id_in_file']``.
@@ -910,8 +922,7 @@ def iter_conversations(path: str | Path, fmt: str | None = None, options: ReadOp
         for c in read_conversations(spec, opts, rep):
             convs.append(c)
             specs.append(spec)
-    gone = set(apply_id_policy(convs, specs, rep, lenient=opts.lenient))
-    return iter([c for i, c in enumerate(convs) if i not in gone])
+    return iter(kept_after_id_policy(convs, specs, rep, lenient=opts.lenient))
 
 
 def is_table_format(fmt: str) -> bool:

@@ -17,7 +17,7 @@ import polars as pl
 
 from critic_audit.errors import InputError
 from critic_audit.io.detect import (
-    ENTRY_PROBLEMS, FileSpec, ResolvedInput, apply_id_policy, entry_error, entry_problem, read_conversations,
+    ENTRY_PROBLEMS, FileSpec, ResolvedInput, entry_error, entry_problem, kept_after_id_policy, read_conversations,
     resolve_inputs,
 )
 from critic_audit.io.formats import FORMATS
@@ -98,8 +98,7 @@ def read_inputs(paths: Sequence[str | Path], options: ReadOptions = ReadOptions(
     rep = report if report is not None else ReadReport()
     res = list(resolved) if resolved is not None else resolve_inputs(list(paths), options, rep)
     convs, specs = _read_conversation_files(res, options, rep, named=resolved is None)
-    gone = set(apply_id_policy(convs, specs, rep, lenient=options.lenient))
-    return [c for i, c in enumerate(convs) if i not in gone]
+    return kept_after_id_policy(convs, specs, rep, lenient=options.lenient)
 
 
 def _read_conversation_files(res: Sequence[ResolvedInput], options: ReadOptions, rep: ReadReport, *,
@@ -283,14 +282,12 @@ def qualify_all(convs: list[Conversation], conv_specs: Sequence[FileSpec], parts
     flat = [x for rs in rows for x in rs]
     flat_specs = [s for rs, s in zip(rows, part_specs) for _ in rs]
     before = [(x.trajectory_id, x.group_id) for x in flat]
-    gone = set(apply_id_policy([*convs, *flat], [*conv_specs, *flat_specs], report, lenient=lenient))
-    base = len(convs)
-    if gone:
-        convs[:] = [c for i, c in enumerate(convs) if i not in gone]
+    kept = {id(x) for x in kept_after_id_policy([*convs, *flat], [*conv_specs, *flat_specs], report, lenient=lenient)}
+    convs[:] = [c for c in convs if id(c) in kept]
     out, k = [], 0
     for (path, tr, tk, pre), rs in zip(parts, rows):
         old = before[k:k + len(rs)]
-        dropped = [o[0] for j, o in enumerate(old) if base + k + j in gone]
+        dropped = [o[0] for o, x in zip(old, rs) if id(x) not in kept]
         k += len(rs)
         if dropped:  # copies of rollouts read from another file: audited once
             tr = tr.filter(~pl.col("trajectory_id").cast(pl.String).is_in(dropped))
