@@ -89,6 +89,9 @@ def held_out_quality(values: Sequence[np.ndarray], rewards: Sequence[float], str
             several held-out trajectories, the gate's intervals and test resample whole groups
             (:func:`critic_audit.analysis.quality.quality_gate`).
     """
+    import polars as pl
+
+    from critic_audit.analysis.audit import cluster_codes
     from critic_audit.analysis.quality import GateConfig, TrajectorySums, outcome_split, quality_gate
 
     r = np.asarray(rewards, dtype=np.float64)
@@ -100,8 +103,9 @@ def held_out_quality(values: Sequence[np.ndarray], rewards: Sequence[float], str
                        err_mean=np.array([float(e.mean()) for e in err]),
                        err_m2=np.array([float(((e - e.mean()) ** 2).sum()) for e in err]),
                        positive=outcome_split(r),
-                       cluster=None if groups is None else np.array(
-                           [f"g:{g}" if g is not None else f"t:{i}" for i, g in enumerate(groups)]))
+                       cluster=None if groups is None else cluster_codes(pl.DataFrame(
+                           {"source": list(strata), "group_id": [None if g is None else str(g) for g in groups]},
+                           schema={"source": pl.String, "group_id": pl.String})))
     return quality_gate(t, GateConfig(seed=seed)).to_dict()  # fit-critic's JSON (held_out.json, the critic's metadata)
 
 
