@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ClusterLayout", "cluster_layout", "has_clusters", "cluster_bootstrap_ci", "design_effect",
+__all__ = ["ClusterLayout", "has_clusters", "cluster_bootstrap_ci", "design_effect",
            "max_design_effect", "bootstrap_sums_ci"]
 
 
@@ -59,11 +59,6 @@ class ClusterLayout:
     @property
     def n_clusters(self) -> int:
         return int(self.lens.size)
-
-
-def cluster_layout(codes: np.ndarray) -> ClusterLayout:
-    """:class:`ClusterLayout` of per-trajectory cluster codes (any hashable numpy dtype)."""
-    return ClusterLayout(codes)
 
 
 def has_clusters(codes: np.ndarray | None) -> bool:
